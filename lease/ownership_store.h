@@ -1,0 +1,37 @@
+// OwnershipStore: where the ownership table lives, shared by every host that
+// serves the fleet. Each call is one atomic decision of OwnershipTable, made
+// at the store's wall time: load the rows, apply one rule, write the changes.
+//
+// Thread-safety: implementations accept concurrent calls from any thread (a
+// host refreshes its ranges at the same time). A call may block; callers put
+// it on a worker and bound its time.
+#pragma once
+
+#include <string>
+
+#include "fleet/status.h"
+#include "lease/ownership_table.h"
+
+namespace fleetfs::lease {
+
+class OwnershipStore {
+ public:
+  virtual ~OwnershipStore() = default;
+
+  // OwnershipTable::Claim at the store's time, above `floor`.
+  virtual Result<Decision> Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+                                 std::uint64_t floor) = 0;
+  // OwnershipTable::Renew at the store's time: a Grant or Lost.
+  virtual Result<Decision> Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
+                                 Millis ttl) = 0;
+  // OwnershipTable::Release at the store's time.
+  virtual Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) = 0;
+  // The whole table (rows and counter), read in one transaction.
+  virtual Result<OwnershipTable> Read() = 0;
+  // The store's wall time, the clock lease expiries are written in.
+  virtual WallMs NowMs() const = 0;
+  // The store's URL, for messages.
+  virtual std::string url() const = 0;
+};
+
+}  // namespace fleetfs::lease

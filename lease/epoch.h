@@ -9,6 +9,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <ostream>
 #include <string>
 
 namespace fleetfs::lease {
@@ -29,5 +30,9 @@ class Epoch {
  private:
   std::uint64_t value_ = 0;
 };
+
+inline std::ostream& operator<<(std::ostream& out, Epoch epoch) {
+  return out << "epoch " << epoch.value();
+}
 
 }  // namespace fleetfs::lease

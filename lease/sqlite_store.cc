@@ -252,6 +252,15 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
   std::unique_ptr<SqliteStore> store(new SqliteStore(path, clock, options));
   FLEETFS_ASSIGN_OR_RETURN(ConnectionPtr connection, store->Acquire());
   Sql sql(path, connection->db.get());
+  {
+    // Read-only first: another application's database must not be touched,
+    // not even by the switch to WAL mode below.
+    FLEETFS_RETURN_IF_ERROR(sql.Exec("BEGIN", "starting a read"));
+    bool fresh = false;
+    const Status ours = CheckSchema(path, sql, &fresh);
+    sqlite3_exec(connection->db.get(), "COMMIT", nullptr, nullptr, nullptr);
+    FLEETFS_RETURN_IF_ERROR(ours);
+  }
   if (options.access == Access::kCreate) {
     // Outside a transaction: SQLite changes the journal mode only there.
     FLEETFS_ASSIGN_OR_RETURN(Statement mode, sql.Prepare("PRAGMA journal_mode=WAL"));
@@ -280,9 +289,6 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
       sqlite3_exec(connection->db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
       return status;
     }
-  } else {
-    bool fresh = false;
-    FLEETFS_RETURN_IF_ERROR(CheckSchema(path, sql, &fresh));
   }
   store->Return(std::move(connection));
   return store;

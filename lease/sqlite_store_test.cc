@@ -1,1 +1,390 @@
+#include "lease/sqlite_store.h"
+
 #include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <barrier>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "lease/store_url.h"
+#include "lease/test_support.h"
+
+namespace fleetfs::lease {
+namespace {
+
+using testing::AsGrant;
+using testing::FakeWallClock;
+using testing::Owner;
+using testing::Range;
+using testing::TempDir;
+
+constexpr Millis kTtl{30'000};
+
+std::unique_ptr<SqliteStore> OpenOrDie(const std::string& path, const WallClock& clock,
+                                       SqliteStore::Access access = SqliteStore::Access::kCreate) {
+  auto store = SqliteStore::Open(path, clock, {.access = access});
+  EXPECT_TRUE(store.ok()) << store.status().message();
+  return store.ok() ? std::move(store).value() : nullptr;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+void RunSql(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &error);
+  EXPECT_EQ(rc, SQLITE_OK) << (error ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
+TEST(SqliteStore, decisions_persist_across_reopen) {
+  TempDir dir;
+  FakeWallClock clock(1'000'000);
+  const std::string path = dir.File("control.db");
+  {
+    auto store = OpenOrDie(path, clock);
+    const Grant grant = AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+    EXPECT_EQ(grant.epoch, Epoch(1));
+    EXPECT_EQ(grant.lease_expires_ms, 1'030'000);
+    clock.Advance(Millis(10'000));
+    EXPECT_EQ(AsGrant(store->Renew(Range(0, 99), Owner("a"), Epoch(1), kTtl)).lease_expires_ms,
+              1'040'000);
+    ASSERT_TRUE(*store->Release(Range(0, 99), Owner("a"), Epoch(1)));
+  }
+  auto store = OpenOrDie(path, clock, SqliteStore::Access::kExisting);
+  auto table = store->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 1u);
+  EXPECT_EQ(table->rows()[0],
+            (OwnershipRow{Range(0, 99), Owner("a"), Epoch(1), 1'010'000}));
+  EXPECT_EQ(table->last_epoch(), Epoch(1));
+}
+
+TEST(SqliteStore, the_counter_survives_removed_rows) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("control.db");
+  auto store = OpenOrDie(path, clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  clock.Advance(kTtl);
+  // A claim of another shape absorbs the lapsed row; the counter stays.
+  EXPECT_EQ(AsGrant(store->Claim(Range(0, 49), Owner("b"), kTtl, 0)).epoch, Epoch(2));
+  EXPECT_EQ(AsGrant(store->Claim(Range(50, 99), Owner("c"), kTtl, 0)).epoch, Epoch(3));
+  EXPECT_EQ(store->Read()->last_epoch(), Epoch(3));
+}
+
+TEST(SqliteStore, a_refused_claim_names_the_holder_and_writes_nothing) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  auto store = OpenOrDie(dir.File("control.db"), clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  const auto before = *store->Read();
+  const auto refused = store->Claim(Range(10, 20), Owner("b"), kTtl, 0);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(std::get<Held>(*refused), (Held{Range(0, 99), "a", 30'000}));
+  EXPECT_EQ(*store->Read(), before);
+}
+
+TEST(SqliteStore, two_connections_racing_a_claim_get_one_owner_and_no_lock_error) {
+  TempDir dir;
+  SystemWallClock clock;
+  const std::string path = dir.File("control.db");
+  auto first = OpenOrDie(path, clock);
+  auto second = OpenOrDie(path, clock);
+  constexpr int kRounds = 40;
+  int last_winner = -1;
+  std::uint64_t last_epoch = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    std::barrier start(2);
+    Result<Decision> answers[2] = {Internal("not run"), Internal("not run")};
+    auto race = [&](int i, SqliteStore* store) {
+      start.arrive_and_wait();
+      answers[i] = store->Claim(Range(0, 99), Owner(i == 0 ? "a" : "b"), kTtl, 0);
+    };
+    std::thread a(race, 0, first.get());
+    std::thread b(race, 1, second.get());
+    a.join();
+    b.join();
+    ASSERT_TRUE(answers[0].ok()) << answers[0].status().message();
+    ASSERT_TRUE(answers[1].ok()) << answers[1].status().message();
+    const int granted = std::holds_alternative<Grant>(*answers[0]) +
+                        std::holds_alternative<Grant>(*answers[1]);
+    ASSERT_EQ(granted, 1) << "round " << round;
+    const int winner = std::holds_alternative<Grant>(*answers[0]) ? 0 : 1;
+    const auto& held = std::get<Held>(*answers[1 - winner]);
+    EXPECT_EQ(held.owner, winner == 0 ? "a" : "b");
+    const Grant grant = std::get<Grant>(*answers[winner]);
+    // The same owner reclaiming its own released row keeps the epoch (a
+    // restart is not a new owner); a new owner gets counter + 1.
+    EXPECT_EQ(grant.epoch, Epoch(winner == last_winner ? last_epoch : last_epoch + 1));
+    last_winner = winner;
+    last_epoch = grant.epoch.value();
+    ASSERT_TRUE(*first->Release(Range(0, 99), Owner(winner == 0 ? "a" : "b"), grant.epoch));
+  }
+}
+
+// One decision a child process saw, for the parent to check.
+struct Event {
+  char kind;  // 'C' claim granted, 'R' renew granted, 'L' release done
+  int process;
+  int first, last;
+  std::uint64_t epoch;
+  bool fresh;
+  WallMs sent, answered;
+};
+
+// Races claims, renewals and releases on one control file for `run_for`.
+// Writes one line per granted decision; exits 1 on any store error.
+[[noreturn]] void RaceChild(int process, const std::string& path, const std::string& log,
+                            std::chrono::milliseconds run_for) {
+  SystemWallClock clock;
+  auto opened = SqliteStore::Open(path, clock, {});
+  if (!opened.ok()) {
+    std::fprintf(stderr, "child %d: %s\n", process, opened.status().message().c_str());
+    _exit(1);
+  }
+  auto& store = **opened;
+  const OwnerId owner = Owner("p" + std::to_string(process));
+  // Shapes that overlap in many ways, so the processes contend.
+  const SlotRange shapes[] = {Range(0, 15), Range(16, 31), Range(0, 31), Range(32, 63),
+                              Range(8, 40), Range(0, 63),  Range(60, 63), Range(20, 20)};
+  std::mt19937 rng(static_cast<unsigned>(process * 7919 + ::getpid()));
+  std::map<SlotRange, Epoch> held;
+  std::ofstream out(log);
+  const auto end = std::chrono::steady_clock::now() + run_for;
+  while (std::chrono::steady_clock::now() < end) {
+    const SlotRange range = shapes[rng() % std::size(shapes)];
+    const Millis ttl(20 + rng() % 200);
+    const WallMs sent = clock.NowMs();
+    const auto it = held.find(range);
+    const int op = rng() % 4;
+    if (it != held.end() && op == 0) {
+      const auto released = store.Release(range, owner, it->second);
+      if (!released.ok()) {
+        std::fprintf(stderr, "child %d: %s\n", process, released.status().message().c_str());
+        _exit(1);
+      }
+      if (*released) {
+        out << "L " << process << ' ' << range.first() << ' ' << range.last() << ' '
+            << it->second.value() << " 0 " << sent << ' ' << clock.NowMs() << '\n';
+      }
+      held.erase(it);
+      continue;
+    }
+    const bool renew = it != held.end() && op != 1;
+    const auto answer = renew ? store.Renew(range, owner, it->second, ttl)
+                              : store.Claim(range, owner, ttl, 0);
+    const WallMs answered = clock.NowMs();
+    if (!answer.ok()) {
+      std::fprintf(stderr, "child %d: %s\n", process, answer.status().message().c_str());
+      _exit(1);
+    }
+    if (const auto* grant = std::get_if<Grant>(&*answer)) {
+      held[range] = grant->epoch;
+      out << (renew ? 'R' : 'C') << ' ' << process << ' ' << range.first() << ' '
+          << range.last() << ' ' << grant->epoch.value() << ' ' << grant->fresh << ' ' << sent
+          << ' ' << answered << '\n';
+    } else if (std::holds_alternative<Lost>(*answer)) {
+      held.erase(range);
+    }
+  }
+  out.close();
+  _exit(out ? 0 : 1);
+}
+
+TEST(SqliteStore, eight_processes_racing_on_one_file_keep_every_invariant) {
+  TempDir dir;
+  SystemWallClock clock;
+  const std::string path = dir.File("control.db");
+  ASSERT_NE(OpenOrDie(path, clock), nullptr);
+  constexpr int kProcesses = 8;
+  std::vector<pid_t> children;
+  for (int i = 0; i < kProcesses; ++i) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) RaceChild(i, path, dir.File("events-" + std::to_string(i)), Millis(3'000));
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a racing process hit a store error (see its stderr above)";
+  }
+  std::vector<Event> events;
+  for (int i = 0; i < kProcesses; ++i) {
+    std::ifstream in(dir.File("events-" + std::to_string(i)));
+    Event e{};
+    while (in >> e.kind >> e.process >> e.first >> e.last >> e.epoch >> e.fresh >> e.sent >>
+           e.answered) {
+      events.push_back(e);
+    }
+  }
+  // The stored table keeps its invariants (Read refuses overlap and repeats).
+  auto table = OpenOrDie(path, clock, SqliteStore::Access::kExisting)->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  const std::uint64_t counter = table->last_epoch().value();
+
+  // Every fresh epoch was granted once, and together they are exactly
+  // 1..counter: each fresh grant was counter + 1, with no gap and no repeat.
+  std::set<std::uint64_t> fresh;
+  std::map<std::uint64_t, std::pair<int, std::pair<int, int>>> epoch_holder;
+  int claims = 0, renewals = 0, releases = 0;
+  for (const Event& e : events) {
+    if (e.kind == 'C' && e.fresh) {
+      ++claims;
+      EXPECT_TRUE(fresh.insert(e.epoch).second) << "epoch " << e.epoch << " granted twice";
+    }
+    renewals += e.kind == 'R';
+    releases += e.kind == 'L';
+    // One epoch belongs to one owner and one range, forever.
+    const auto holder = std::pair{e.process, std::pair{e.first, e.last}};
+    const auto [it, inserted] = epoch_holder.emplace(e.epoch, holder);
+    EXPECT_EQ(it->second, holder) << "epoch " << e.epoch << " served two holders";
+  }
+  EXPECT_EQ(fresh.size(), counter);
+  if (!fresh.empty()) {
+    EXPECT_EQ(*fresh.begin(), 1u);
+    EXPECT_EQ(*fresh.rbegin(), counter);
+  }
+  // Once a newer epoch covers a slot, no older epoch on it is granted again:
+  // a call sent after the newer grant was answered never gets the older one.
+  for (const Event& newer : events) {
+    if (newer.kind != 'C' || !newer.fresh) continue;
+    const SlotRange newer_range = Range(newer.first, newer.last);
+    for (const Event& older : events) {
+      if (older.kind == 'L' || older.epoch >= newer.epoch) continue;
+      if (!Range(older.first, older.last).Overlaps(newer_range)) continue;
+      EXPECT_LE(older.sent, newer.answered)
+          << "epoch " << older.epoch << " was granted after epoch " << newer.epoch
+          << " took an overlapping range";
+    }
+  }
+  EXPECT_GT(claims, kProcesses) << "the race must actually hand ranges over";
+  EXPECT_GT(renewals, 0);
+  EXPECT_GT(releases, 0);
+  std::printf("race: %d fresh claims, %d renewals, %d releases; counter %llu\n", claims,
+              renewals, releases, static_cast<unsigned long long>(counter));
+}
+
+TEST(SqliteStore, a_file_that_is_not_a_database_is_refused_and_left_unchanged) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("control.db");
+  const std::string junk(4096, 'x');
+  std::ofstream(path, std::ios::binary) << junk;
+  for (auto access : {SqliteStore::Access::kCreate, SqliteStore::Access::kExisting}) {
+    const auto store = SqliteStore::Open(path, clock, {.access = access});
+    ASSERT_FALSE(store.ok());
+    EXPECT_EQ(store.status().code(), Code::kDataLoss);
+    EXPECT_NE(store.status().message().find("control database " + path), std::string::npos);
+    EXPECT_NE(store.status().message().find("not a SQLite database"), std::string::npos)
+        << store.status().message();
+  }
+  EXPECT_TRUE(ReadAll(path) == junk) << "the file changed";
+  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+}
+
+TEST(SqliteStore, another_applications_database_is_refused_and_left_unchanged) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("app.db");
+  RunSql(path, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)");
+  const std::string before = ReadAll(path);
+  const auto store = SqliteStore::Open(path, clock, {});
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), Code::kDataLoss);
+  EXPECT_NE(store.status().message().find("another application"), std::string::npos);
+  EXPECT_TRUE(ReadAll(path) == before) << "the file changed";
+  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+}
+
+TEST(SqliteStore, a_missing_file_is_not_created_for_reading) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("control.db");
+  const auto store = SqliteStore::Open(path, clock, {.access = SqliteStore::Access::kExisting});
+  EXPECT_EQ(store.status().code(), Code::kNotFound);
+  EXPECT_NE(store.status().message().find(path), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(SqliteStore, a_missing_directory_is_named) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("no/such/dir/control.db");
+  const auto store = SqliteStore::Open(path, clock, {});
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find(path), std::string::npos) << store.status().message();
+  EXPECT_FALSE(std::filesystem::exists(dir.File("no")));
+}
+
+TEST(SqliteStore, a_corrupt_row_is_reported_not_served) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("control.db");
+  ASSERT_NE(OpenOrDie(path, clock), nullptr);
+  RunSql(path,
+         "PRAGMA ignore_check_constraints=ON; INSERT INTO fleetfs_slot_owners VALUES "
+         "(0, 9, 'a', 1, 0), (5, 20, 'b', 2, 0)");
+  auto store = OpenOrDie(path, clock);
+  const auto claim = store->Claim(Range(100, 200), Owner("c"), kTtl, 0);
+  EXPECT_EQ(claim.status().code(), Code::kDataLoss);
+  EXPECT_NE(claim.status().message().find("overlap"), std::string::npos);
+  EXPECT_EQ(store->Read().status().code(), Code::kDataLoss);
+}
+
+TEST(SqliteStore, a_write_lock_held_past_the_busy_timeout_is_unavailable_not_locked) {
+  TempDir dir;
+  FakeWallClock clock(0);
+  const std::string path = dir.File("control.db");
+  auto store = SqliteStore::Open(path, clock, {.busy_timeout = Millis(50)});
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  sqlite3* holder = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &holder), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(holder, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  const auto claim = (*store)->Claim(Range(0, 1), Owner("a"), kTtl, 0);
+  EXPECT_EQ(claim.status().code(), Code::kUnavailable);
+  EXPECT_NE(claim.status().message().find("held its write lock past the busy timeout"),
+            std::string::npos)
+      << claim.status().message();
+  sqlite3_exec(holder, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(holder);
+  // The store works again once the lock is gone.
+  EXPECT_EQ(AsGrant((*store)->Claim(Range(0, 1), Owner("a"), kTtl, 0)).epoch, Epoch(1));
+}
+
+TEST(StoreUrl, accepts_absolute_sqlite_paths_only) {
+  EXPECT_EQ(ParseStoreUrl("sqlite:///var/lib/fleetfs/control.db")->path,
+            "/var/lib/fleetfs/control.db");
+  const std::pair<const char*, const char*> bad[] = {
+      {"sqlite://relative.db", "must be absolute"},
+      {"sqlite://", "must be absolute"},
+      {"etcd://127.0.0.1:2379", "unknown scheme 'etcd'"},
+      {"/var/lib/control.db", "not a URL"},
+      {"sqlite:///var/lib/", "names a directory"},
+  };
+  for (const auto& [url, why] : bad) {
+    const auto parsed = ParseStoreUrl(url);
+    ASSERT_FALSE(parsed.ok()) << url;
+    EXPECT_EQ(parsed.status().message().rfind("store URL '" + std::string(url) + "'", 0), 0u);
+    EXPECT_NE(parsed.status().message().find(why), std::string::npos)
+        << parsed.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace fleetfs::lease

@@ -1,1 +1,7 @@
-int main(){}
+#include <iostream>
+
+#include "agent/cli.h"
+
+int main(int argc, char** argv) {
+  return fleetfs::agent::RunCli(argc, argv, std::cout, std::cerr);
+}

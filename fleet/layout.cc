@@ -74,33 +74,36 @@ Result<FleetMode> ParseMode(std::string_view text) {
   return InvalidArgument("mode '" + std::string(text) + "': use 'tenant' or 'slot'");
 }
 
-Status ValidateTenantId(std::string_view id) {
-  const std::string rule =
-      "a tenant id is 1 to 128 bytes of A-Z a-z 0-9 - _ . and does not start with '.'";
-  if (id.empty()) return InvalidArgument("tenant id '': empty; " + rule);
-  if (id.size() > kMaxTenantIdBytes) {
-    return InvalidArgument("tenant id of " + std::to_string(id.size()) + " bytes: too long; " +
-                           rule);
-  }
-  if (id.front() == '.') {
-    return InvalidArgument("tenant id '" + std::string(id) + "': starts with '.'; " + rule);
-  }
+std::optional<std::string> TenantIdProblem(std::string_view id) {
+  if (id.empty()) return "empty";
+  if (id.size() > kMaxTenantIdBytes) return "too long (" + std::to_string(id.size()) + " bytes)";
+  if (id.front() == '.') return "starts with '.'";
   for (std::size_t i = 0; i < id.size(); ++i) {
-    if (!IsTenantIdByte(id[i])) {
-      char shown[8];
-      const auto byte = static_cast<unsigned char>(id[i]);
-      if (byte >= 0x21 && byte < 0x7f) {
-        std::snprintf(shown, sizeof shown, "'%c'", id[i]);
-      } else {
-        std::snprintf(shown, sizeof shown, "0x%02x", byte);
-      }
-      // The id may hold bytes that break a terminal line; show only the
-      // printable prefix.
-      return InvalidArgument("tenant id '" + std::string(id.substr(0, i)) + "...': byte " +
-                             std::to_string(i) + " is " + shown + "; " + rule);
+    if (IsTenantIdByte(id[i])) continue;
+    char shown[8];
+    const auto byte = static_cast<unsigned char>(id[i]);
+    if (byte >= 0x21 && byte < 0x7f) {
+      std::snprintf(shown, sizeof shown, "'%c'", id[i]);
+    } else {
+      std::snprintf(shown, sizeof shown, "0x%02x", byte);
     }
+    return "byte " + std::to_string(i) + " is " + shown;
   }
-  return Status::Ok();
+  return std::nullopt;
+}
+
+Status ValidateTenantId(std::string_view id) {
+  const auto problem = TenantIdProblem(id);
+  if (!problem) return Status::Ok();
+  // Only a printable prefix of the id is echoed: the rest may break the line.
+  std::string shown;
+  for (char c : id.substr(0, 64)) {
+    if (!IsTenantIdByte(c)) break;
+    shown += c;
+  }
+  if (shown.size() < id.size()) shown += "...";
+  return InvalidArgument("tenant id '" + shown + "': " + *problem + "; " +
+                         std::string(kTenantIdRule));
 }
 
 std::string BucketName(int bucket) {

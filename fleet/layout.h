@@ -28,6 +28,13 @@ Result<FleetMode> ParseMode(std::string_view text);
 
 inline constexpr std::size_t kMaxTenantIdBytes = 128;
 
+// What is wrong with a tenant id ("byte 3 is 0x20"), or nullopt when it is valid.
+std::optional<std::string> TenantIdProblem(std::string_view id);
+
+// The rule, for messages.
+inline constexpr std::string_view kTenantIdRule =
+    "a tenant id is 1 to 128 bytes of A-Z a-z 0-9 - _ . and does not start with '.'";
+
 // OK when `id` is 1-128 bytes of A-Z a-z 0-9 - _ . and does not start with
 // '.'; else an InvalidArgument that names the id and the rule.
 Status ValidateTenantId(std::string_view id);

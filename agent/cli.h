@@ -1,0 +1,25 @@
+// The fleetfs command line: parses arguments, runs one command, and turns its
+// Status into a message and an exit code (the one place that happens).
+//
+// Exit codes: 0 success; 1 a failure at run time (store unreachable, corrupt
+// file); 2 bad input (the message names the thing and the rule); 3 the range
+// is held by another owner; 4 the range was lost (not this owner's at this
+// epoch).
+//
+// Thread-safety: runs on the calling thread.
+#pragma once
+
+#include <ostream>
+
+namespace fleetfs::agent {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitHeld = 3;
+inline constexpr int kExitLost = 4;
+
+// Runs `fleetfs argv...`, writing results to `out` and errors to `err`.
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace fleetfs::agent

@@ -1,0 +1,294 @@
+// The fleetfs command as an operator uses it: the built binary, run with
+// arguments, judged by its exit code, its output and what it leaves on disk.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "lease/test_support.h"
+
+extern char** environ;
+
+namespace fleetfs {
+namespace {
+
+using lease::testing::TempDir;
+using Json = nlohmann::json;
+
+struct Ran {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Runs the fleetfs binary with `args`, capturing its output in files.
+Ran Fleetfs(const std::vector<std::string>& args) {
+  TempDir io;
+  const std::string out_path = io.File("out");
+  const std::string err_path = io.File("err");
+  std::vector<std::string> all = {FLEETFS_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& arg : all) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT, 0600);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT, 0600);
+  pid_t pid = 0;
+  Ran ran;
+  if (posix_spawn(&pid, FLEETFS_BINARY, &actions, nullptr, argv.data(), environ) == 0) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ran.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  ran.out = Slurp(out_path);
+  ran.err = Slurp(err_path);
+  return ran;
+}
+
+int Lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
+
+class LeaseCommand : public ::testing::Test {
+ protected:
+  std::string Store() const { return "sqlite://" + dir_.File("control.db"); }
+  std::string Control() const { return dir_.File("control.db"); }
+  Ran Claim(const std::string& owner, const std::string& range,
+            std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"lease", "claim", "--store", Store(), "--owner", owner,
+                                     "--range", range};
+    args.insert(args.end(), more.begin(), more.end());
+    return Fleetfs(args);
+  }
+  Ran Verb(const std::string& verb, const std::string& owner, const std::string& range,
+           const std::string& epoch) {
+    return Fleetfs({"lease", verb, "--store", Store(), "--owner", owner, "--range", range,
+                    "--epoch", epoch});
+  }
+  Json Ls() {
+    const Ran ran = Fleetfs({"lease", "ls", "--store", Store(), "--json"});
+    EXPECT_EQ(ran.code, 0) << ran.err;
+    return Json::parse(ran.out);
+  }
+  TempDir dir_;
+};
+
+TEST(SlotCommand, prints_slot_bucket_and_both_paths) {
+  const Ran ran = Fleetfs({"slot", "123456789", "{user1000}.following", "{user1000}.followers"});
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  EXPECT_NE(ran.out.find("123456789             12739  199     199/slot-12739.db  199/123456789.db"),
+            std::string::npos)
+      << ran.out;
+  EXPECT_NE(ran.out.find("{user1000}.following  3443   053     053/slot-03443.db  (not a tenant "
+                         "id: byte 0 is '{')"),
+            std::string::npos)
+      << ran.out;
+}
+
+TEST(SlotCommand, json_lists_key_and_slot_for_every_key) {
+  const Ran ran = Fleetfs({"slot", "--json", "foo{}{bar}", "foo{{bar}}zap", "{bar", "acme"});
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  const Json list = Json::parse(ran.out);
+  ASSERT_EQ(list.size(), 4u);
+  EXPECT_EQ(list[0]["key"], "foo{}{bar}");
+  EXPECT_EQ(list[1]["slot"], list[2]["slot"]) << "foo{{bar}}zap hashes {bar";
+  EXPECT_EQ(list[3]["tenant_path"], "176/acme.db");
+  EXPECT_EQ(list[3]["slot"], 11304);
+  EXPECT_TRUE(list[0]["tenant_path"].is_null());
+  EXPECT_NE(list[0]["tenant_error"].get<std::string>().find("1 to 128 bytes"), std::string::npos);
+}
+
+TEST(SlotCommand, tenant_mode_refuses_a_bad_tenant_id_in_one_line) {
+  for (const std::string& bad : {std::string(""), std::string(129, 'x'), std::string(".hidden"),
+                                std::string("a b"), std::string("x/y")}) {
+    const Ran ran = Fleetfs({"slot", "--mode", "tenant", "acme", bad});
+    EXPECT_EQ(ran.code, 2) << bad;
+    EXPECT_EQ(ran.out, "") << "nothing printed for the good key either";
+    EXPECT_EQ(Lines(ran.err), 1) << ran.err;
+    EXPECT_EQ(ran.err.rfind("fleetfs: tenant id '", 0), 0u) << ran.err;
+    EXPECT_NE(ran.err.find("1 to 128 bytes of A-Z a-z 0-9 - _ ."), std::string::npos);
+  }
+}
+
+TEST_F(LeaseCommand, claim_ls_renew_release_round_trip) {
+  Ran ran = Claim("host-a", "0-8191");
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  EXPECT_EQ(ran.out.rfind("claimed 0-8191 for 'host-a' at epoch 1 (new) until ", 0), 0u)
+      << ran.out;
+  ran = Verb("renew", "host-a", "0-8191", "1");
+  EXPECT_EQ(ran.code, 0) << ran.err;
+  EXPECT_EQ(ran.out.rfind("renewed 0-8191 for 'host-a' at epoch 1 until", 0), 0u) << ran.out;
+
+  Json table = Ls();
+  ASSERT_EQ(table["rows"].size(), 1u);
+  EXPECT_EQ(table["rows"][0]["owner"], "host-a");
+  EXPECT_EQ(table["rows"][0]["epoch"], 1);
+  EXPECT_EQ(table["rows"][0]["lapsed"], false);
+  EXPECT_GT(table["rows"][0]["left_ms"].get<long>(), 25'000);
+
+  ran = Fleetfs({"lease", "ls", "--store", Store()});
+  ASSERT_EQ(ran.code, 0);
+  EXPECT_NE(ran.out.find("RANGE   OWNER   EPOCH  LEASE EXPIRES"), std::string::npos) << ran.out;
+  EXPECT_NE(ran.out.find("0-8191  host-a  1      "), std::string::npos) << ran.out;
+
+  ran = Verb("release", "host-a", "0-8191", "1");
+  EXPECT_EQ(ran.code, 0) << ran.err;
+  EXPECT_EQ(Ls()["rows"][0]["lapsed"], true);
+  ran = Fleetfs({"lease", "ls", "--store", Store()});
+  EXPECT_NE(ran.out.find("lapsed"), std::string::npos) << ran.out;
+  // Released, so another owner claims at once, at a new epoch.
+  ran = Claim("host-b", "0-8191");
+  EXPECT_EQ(ran.code, 0) << ran.err;
+  EXPECT_NE(ran.out.find("at epoch 2 (new)"), std::string::npos) << ran.out;
+}
+
+TEST_F(LeaseCommand, a_held_range_exits_3_naming_the_holder_and_until_when) {
+  ASSERT_EQ(Claim("host-a", "0-99").code, 0);
+  const Ran ran = Claim("host-b", "50-60");
+  EXPECT_EQ(ran.code, 3);
+  EXPECT_EQ(ran.out, "");
+  EXPECT_EQ(Lines(ran.err), 1);
+  EXPECT_EQ(ran.err.rfind("fleetfs: slot range 0-99 is held by 'host-a' until ", 0), 0u)
+      << ran.err;
+}
+
+TEST_F(LeaseCommand, a_lost_range_exits_4) {
+  ASSERT_EQ(Claim("host-a", "0-99").code, 0);
+  for (const char* verb : {"renew", "release"}) {
+    const Ran ran = Verb(verb, "host-a", "0-99", "7");
+    EXPECT_EQ(ran.code, 4) << verb;
+    EXPECT_EQ(Lines(ran.err), 1);
+    EXPECT_NE(ran.err.find("was lost: it is not held by 'host-a' at epoch 7"), std::string::npos)
+        << ran.err;
+  }
+  EXPECT_EQ(Verb("renew", "host-b", "0-99", "1").code, 4) << "another owner";
+  EXPECT_EQ(Verb("renew", "host-a", "0-98", "1").code, 4) << "other bounds";
+}
+
+TEST_F(LeaseCommand, a_claim_above_a_floor_skips_to_a_higher_epoch) {
+  const Ran ran = Claim("host-a", "0-99", {"--epoch", "41"});
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  EXPECT_NE(ran.out.find("at epoch 42 (new)"), std::string::npos) << ran.out;
+  EXPECT_EQ(Ls()["last_epoch"], 42);
+}
+
+// Every bad value: one line that names it and its rule, exit 2, and the
+// control database is neither created nor changed.
+TEST_F(LeaseCommand, bad_input_prints_one_line_exits_2_and_changes_nothing) {
+  ASSERT_EQ(Claim("host-a", "0-99").code, 0);
+  const std::string before = Slurp(Control());
+  const std::string fresh = "sqlite://" + dir_.File("fresh.db");
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::string store = Store();
+  auto claim = [&](const std::string& owner, const std::string& range,
+                   std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"lease", "claim", "--store", fresh, "--owner", owner,
+                                     "--range", range};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  const std::vector<Case> cases = {
+      {claim("a", ""), "slot range '': empty"},
+      {claim("a", "9-1"), "slot range '9-1': the first slot is above the last"},
+      {claim("a", "0-16384"), "slot range '0-16384': a slot is above 16383"},
+      {claim("a", "a-b"), "slot range 'a-b': not a slot number"},
+      {claim("a", "1-2-3"), "slot range '1-2-3': not a slot number"},
+      {claim("", "1"), "owner id '': empty"},
+      {claim(std::string(129, 'o'), "1"), "is 129 bytes"},
+      {claim("a\x01z", "1"), "owner id 'a?z': has a control character"},
+      {claim(" host-a", "1"), "owner id ' host-a': has white space at an end"},
+      {claim("host-a ", "1"), "owner id 'host-a ': has white space at an end"},
+      {claim("a", "1", {"--ttl", "2s"}), "ttl 2s: a lease lasts 3s to 3600s"},
+      {claim("a", "1", {"--ttl", "3601s"}), "ttl 3601s: a lease lasts 3s to 3600s"},
+      {claim("a", "1", {"--ttl", "soon"}), "ttl 'soon': not a duration"},
+      {claim("a", "1", {"--epoch", "x"}), "epoch 'x': an epoch is a whole number"},
+      {{"lease", "renew", "--store", fresh, "--owner", "a", "--range", "1"},
+       "--epoch is required"},
+      {{"lease", "claim", "--store", "sqlite://relative.db", "--owner", "a", "--range", "1"},
+       "store URL 'sqlite://relative.db': the control database path must be absolute"},
+      {{"lease", "claim", "--store", "etcd://127.0.0.1:2379", "--owner", "a", "--range", "1"},
+       "unknown scheme 'etcd'"},
+      {{"lease", "claim", "--store", fresh, "--range", "1"}, "--owner is required"},
+      {{"lease", "claim", "--store", store, "--owner", "a", "--range", "0-16384"},
+       "a slot is above 16383"},
+  };
+  for (const Case& c : cases) {
+    const Ran ran = Fleetfs(c.args);
+    EXPECT_EQ(ran.code, 2) << c.says << "\n" << ran.err;
+    EXPECT_EQ(ran.out, "") << c.says;
+    EXPECT_EQ(Lines(ran.err), 1) << ran.err;
+    EXPECT_NE(ran.err.find(c.says), std::string::npos) << ran.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("fresh.db")));
+  EXPECT_TRUE(Slurp(Control()) == before) << "the control database changed";
+}
+
+TEST_F(LeaseCommand, a_store_that_cannot_be_opened_exits_1_naming_it) {
+  const std::string missing = dir_.File("no/such/dir/control.db");
+  Ran ran = Fleetfs({"lease", "claim", "--store", "sqlite://" + missing, "--owner", "a",
+                     "--range", "1"});
+  EXPECT_EQ(ran.code, 1);
+  EXPECT_EQ(Lines(ran.err), 1) << ran.err;
+  EXPECT_NE(ran.err.find("control database " + missing), std::string::npos) << ran.err;
+  ran = Fleetfs({"lease", "ls", "--store", Store()});
+  EXPECT_EQ(ran.code, 1);
+  EXPECT_NE(ran.err.find("No such file or directory"), std::string::npos) << ran.err;
+  EXPECT_FALSE(std::filesystem::exists(Control())) << "listing creates nothing";
+}
+
+TEST_F(LeaseCommand, a_control_file_that_is_not_a_database_exits_1_and_is_left_alone) {
+  const std::string junk = "this is not a database\n" + std::string(2000, '#');
+  std::ofstream(Control(), std::ios::binary) << junk;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"lease", "ls", "--store", Store()},
+        std::vector<std::string>{"lease", "claim", "--store", Store(), "--owner", "a", "--range",
+                                 "1"}}) {
+    const Ran ran = Fleetfs(args);
+    EXPECT_EQ(ran.code, 1);
+    EXPECT_EQ(Lines(ran.err), 1) << ran.err;
+    EXPECT_NE(ran.err.find("not a SQLite database"), std::string::npos) << ran.err;
+  }
+  EXPECT_TRUE(Slurp(Control()) == junk);
+}
+
+TEST(Help, describes_commands_and_exit_status) {
+  Ran ran = Fleetfs({"--help"});
+  EXPECT_EQ(ran.code, 0);
+  for (const char* part : {"slot", "lease", "EXIT STATUS", "3  the range is held"}) {
+    EXPECT_NE(ran.out.find(part), std::string::npos) << part;
+  }
+  ran = Fleetfs({"lease", "claim", "--help"});
+  EXPECT_EQ(ran.code, 0);
+  for (const char* part : {"--store", "--owner", "--range", "--ttl", "--epoch", "EXAMPLES"}) {
+    EXPECT_NE(ran.out.find(part), std::string::npos) << part;
+  }
+  ran = Fleetfs({"--version"});
+  EXPECT_EQ(ran.code, 0);
+  EXPECT_EQ(ran.out, "fleetfs 0.1.0\n");
+  ran = Fleetfs({"frobnicate"});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_EQ(ran.err, "fleetfs: unknown command 'frobnicate'; run 'fleetfs --help'\n");
+}
+
+}  // namespace
+}  // namespace fleetfs

@@ -18,9 +18,18 @@ import time
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that is free, and whose cluster bus port (+10000) is too."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+                return port
+        except OSError:
+            continue
+    raise SystemExit("no free loopback port pair for redis-server")
 
 
 def keys():
@@ -59,11 +68,12 @@ def main():
         raise SystemExit("redis-server is not installed (packaging/install-deps.sh installs it)")
     work = tempfile.mkdtemp(prefix="fleetfs-redis-")
     port = free_port()
+    log = open(os.path.join(work, "redis.log"), "wb")
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
          "--cluster-config-file", os.path.join(work, "nodes.conf"), "--dir", work,
          "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -72,7 +82,10 @@ def main():
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("redis-server did not start")
+                    log.flush()
+                    with open(os.path.join(work, "redis.log"), "rb") as f:
+                        tail = f.read()[-2000:].decode(errors="replace")
+                    raise SystemExit("redis-server did not start on port %d:\n%s" % (port, tail))
                 time.sleep(0.05)
         ks = keys()
         expected = redis_slots(port, ks)

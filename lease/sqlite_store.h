@@ -48,6 +48,8 @@ class SqliteStore final : public OwnershipStore {
                                                    const WallClock& clock, Options options);
   ~SqliteStore() override;
 
+  struct Connection;  // one pooled sqlite3 connection and its busy state
+
   Result<Decision> Claim(SlotRange range, const OwnerId& owner, Millis ttl,
                          std::uint64_t floor) override;
   Result<Decision> Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
@@ -58,7 +60,6 @@ class SqliteStore final : public OwnershipStore {
   std::string url() const override { return "sqlite://" + path_; }
 
  private:
-  struct Connection;
   using ConnectionPtr = std::unique_ptr<Connection>;
 
   SqliteStore(std::string path, const WallClock& clock, Options options);

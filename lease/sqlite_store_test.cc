@@ -164,6 +164,7 @@ struct Event {
   std::mt19937 rng(static_cast<unsigned>(process * 7919 + ::getpid()));
   std::map<SlotRange, Epoch> held;
   std::ofstream out(log);
+  WallMs slowest = 0;
   const auto end = std::chrono::steady_clock::now() + run_for;
   while (std::chrono::steady_clock::now() < end) {
     const SlotRange range = shapes[rng() % std::size(shapes)];
@@ -188,6 +189,7 @@ struct Event {
     const auto answer = renew ? store.Renew(range, owner, it->second, ttl)
                               : store.Claim(range, owner, ttl, 0);
     const WallMs answered = clock.NowMs();
+    slowest = std::max(slowest, answered - sent);
     if (!answer.ok()) {
       std::fprintf(stderr, "child %d: %s\n", process, answer.status().message().c_str());
       _exit(1);
@@ -201,6 +203,7 @@ struct Event {
       held.erase(range);
     }
   }
+  out << "S " << process << " 0 0 " << slowest << " 0 0 0\n";
   out.close();
   _exit(out ? 0 : 1);
 }
@@ -243,7 +246,12 @@ TEST(SqliteStore, eight_processes_racing_on_one_file_keep_every_invariant) {
   std::set<std::uint64_t> fresh;
   std::map<std::uint64_t, std::pair<int, std::pair<int, int>>> epoch_holder;
   int claims = 0, renewals = 0, releases = 0;
+  std::uint64_t slowest_ms = 0;
   for (const Event& e : events) {
+    if (e.kind == 'S') {
+      slowest_ms = std::max(slowest_ms, e.epoch);
+      continue;
+    }
     if (e.kind == 'C' && e.fresh) {
       ++claims;
       EXPECT_TRUE(fresh.insert(e.epoch).second) << "epoch " << e.epoch << " granted twice";
@@ -266,7 +274,7 @@ TEST(SqliteStore, eight_processes_racing_on_one_file_keep_every_invariant) {
     if (newer.kind != 'C' || !newer.fresh) continue;
     const SlotRange newer_range = Range(newer.first, newer.last);
     for (const Event& older : events) {
-      if (older.kind == 'L' || older.epoch >= newer.epoch) continue;
+      if (older.kind == 'L' || older.kind == 'S' || older.epoch >= newer.epoch) continue;
       if (!Range(older.first, older.last).Overlaps(newer_range)) continue;
       EXPECT_LE(older.sent, newer.answered)
           << "epoch " << older.epoch << " was granted after epoch " << newer.epoch
@@ -276,8 +284,9 @@ TEST(SqliteStore, eight_processes_racing_on_one_file_keep_every_invariant) {
   EXPECT_GT(claims, kProcesses) << "the race must actually hand ranges over";
   EXPECT_GT(renewals, 0);
   EXPECT_GT(releases, 0);
-  std::printf("race: %d fresh claims, %d renewals, %d releases; counter %llu\n", claims,
-              renewals, releases, static_cast<unsigned long long>(counter));
+  std::printf("race: %d fresh claims, %d renewals, %d releases; counter %llu; slowest call %llu ms\n",
+              claims, renewals, releases, static_cast<unsigned long long>(counter),
+              static_cast<unsigned long long>(slowest_ms));
 }
 
 TEST(SqliteStore, a_file_that_is_not_a_database_is_refused_and_left_unchanged) {

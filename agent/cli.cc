@@ -169,8 +169,7 @@ struct CheckedLease {
 
 Result<CheckedLease> Check(const LeaseArgs& args, bool needs_owner, bool needs_epoch) {
   CheckedLease checked;
-  FLEETFS_ASSIGN_OR_RETURN(lease::StoreUrl url, lease::ParseStoreUrl(args.store));
-  (void)url;
+  FLEETFS_RETURN_IF_ERROR(lease::ParseStoreUrl(args.store).status());
   checked.url = args.store;
   if (!needs_owner) return checked;
   FLEETFS_ASSIGN_OR_RETURN(OwnerId owner, OwnerId::Make(args.owner));

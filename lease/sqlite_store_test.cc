@@ -138,7 +138,9 @@ TEST(SqliteStore, two_connections_racing_a_claim_get_one_owner_and_no_lock_error
 
 // One decision a child process saw, for the parent to check.
 struct Event {
-  char kind;  // 'C' claim granted, 'R' renew granted, 'L' release done
+  // 'C' claim granted, 'R' renew granted, 'L' release done; 'S' closes a
+  // child's log with its slowest call in ms (in the epoch field).
+  char kind;
   int process;
   int first, last;
   std::uint64_t epoch;

@@ -25,6 +25,8 @@ fi
 echo
 echo "== the ownership table"
 "$fleetfs" lease ls --store "$store"
+epoch=$("$fleetfs" lease ls --store "$store" --json |
+  python3 -c 'import json,sys; rows=json.load(sys.stdin)["rows"]; print(rows[0]["epoch"] if rows else "N")')
 echo
 echo "== where tenants live"
 "$fleetfs" slot acme globex '{user1000}.following'
@@ -33,6 +35,6 @@ cat <<MSG
 fleetfs is built at $fleetfs. Try:
   $fleetfs --help
   $fleetfs lease ls --store $store --json
-  $fleetfs lease renew --store $store --owner $owner --range 0-16383 --epoch N
-  $fleetfs lease release --store $store --owner $owner --range 0-16383 --epoch N
+  $fleetfs lease renew --store $store --owner $owner --range 0-16383 --epoch $epoch
+  $fleetfs lease release --store $store --owner $owner --range 0-16383 --epoch $epoch
 MSG

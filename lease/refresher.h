@@ -55,6 +55,8 @@ class Refresher {
 
   // Shutdown: stops serving, and sends the releases the plan allows. Each
   // release answers later; `released()` counts the ones that went through.
+  // The caller bounds the wait (ttl/3): a release that has not answered by
+  // then leaves its range to lapse, which is safe.
   ReleasePlan StartRelease(bool all_shipped);
   int released() const;
 

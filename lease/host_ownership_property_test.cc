@@ -28,11 +28,6 @@ using testing::Range;
 constexpr Millis kTtl{30'000};
 constexpr int kSlots = 64;
 
-std::uint64_t EnvOr(const char* name, std::uint64_t fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::strtoull(value, nullptr, 10) : fallback;
-}
-
 struct Call {
   int host;
   int process;  // which start of the host sent it
@@ -193,16 +188,7 @@ std::string RunSequence(std::uint64_t seed) {
 }
 
 TEST(HostOwnershipProperty, no_slot_is_ever_served_by_two_hosts) {
-  const std::uint64_t base = EnvOr("FLEETFS_PROPERTY_SEED", std::random_device{}());
-  const std::uint64_t sequences = EnvOr("FLEETFS_PROPERTY_SEQUENCES", 3000);
-  for (std::uint64_t i = 0; i < sequences; ++i) {
-    const std::string failure = RunSequence(base + i);
-    ASSERT_EQ(failure, "") << "seed " << base << ", sequence " << i
-                           << "; replay with FLEETFS_PROPERTY_SEED=" << base + i
-                           << " FLEETFS_PROPERTY_SEQUENCES=1";
-  }
-  std::printf("property: %llu host sequences from seed %llu, no split brain\n",
-              static_cast<unsigned long long>(sequences), static_cast<unsigned long long>(base));
+  testing::RunPropertySequences(3000, "host sequences (no split brain)", RunSequence);
 }
 
 }  // namespace

@@ -24,11 +24,6 @@ constexpr int kSlots = 64;
 constexpr Millis kTtl{50};
 constexpr Millis kShortTtl{20};
 
-std::uint64_t EnvOr(const char* name, std::uint64_t fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::strtoull(value, nullptr, 10) : fallback;
-}
-
 struct Checker {
   std::ostringstream steps;
   std::string failure;
@@ -184,16 +179,7 @@ std::string RunSequence(std::uint64_t seed) {
 }
 
 TEST(OwnershipTableProperty, random_sequences_keep_every_invariant) {
-  const std::uint64_t base = EnvOr("FLEETFS_PROPERTY_SEED", std::random_device{}());
-  const std::uint64_t sequences = EnvOr("FLEETFS_PROPERTY_SEQUENCES", 20000);
-  for (std::uint64_t i = 0; i < sequences; ++i) {
-    const std::string failure = RunSequence(base + i);
-    ASSERT_EQ(failure, "") << "seed " << base << ", sequence " << i
-                           << "; replay with FLEETFS_PROPERTY_SEED=" << base + i
-                           << " FLEETFS_PROPERTY_SEQUENCES=1";
-  }
-  std::printf("property: %llu sequences from seed %llu kept every invariant\n",
-              static_cast<unsigned long long>(sequences), static_cast<unsigned long long>(base));
+  testing::RunPropertySequences(20000, "table sequences", RunSequence);
 }
 
 // The checker itself must catch a broken table: a table that hands a live

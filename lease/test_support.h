@@ -24,6 +24,9 @@ inline Grant AsGrant(const Decision& decision) { return AsGrant(Result<Decision>
 }  // namespace fleetfs::lease::testing
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <random>
 
@@ -72,5 +75,26 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Runs `sequence(seed)` for consecutive seeds and fails at the first one that
+// returns a description of what broke. FLEETFS_PROPERTY_SEED fixes the first
+// seed (default: random); FLEETFS_PROPERTY_SEQUENCES the count.
+inline void RunPropertySequences(std::uint64_t default_count, const char* what,
+                                 const std::function<std::string(std::uint64_t)>& sequence) {
+  auto env_or = [](const char* name, std::uint64_t fallback) {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::strtoull(value, nullptr, 10) : fallback;
+  };
+  const std::uint64_t base = env_or("FLEETFS_PROPERTY_SEED", std::random_device{}());
+  const std::uint64_t count = env_or("FLEETFS_PROPERTY_SEQUENCES", default_count);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const std::string failure = sequence(base + i);
+    ASSERT_EQ(failure, "") << "seed " << base << ", sequence " << i
+                           << "; replay with FLEETFS_PROPERTY_SEED=" << base + i
+                           << " FLEETFS_PROPERTY_SEQUENCES=1";
+  }
+  std::printf("property: %llu %s from seed %llu held\n", static_cast<unsigned long long>(count),
+              what, static_cast<unsigned long long>(base));
+}
 
 }  // namespace fleetfs::lease::testing

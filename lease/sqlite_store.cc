@@ -140,9 +140,39 @@ class Sql {
 
   Status Error(int rc, std::string_view doing) { return SqliteStatus(path_, db_, rc, doing); }
 
+  void Rollback() { sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr); }
+
  private:
   const std::string& path_;
   sqlite3* db_;
+};
+
+// Owns one transaction: rolled back when it goes out of scope uncommitted, so
+// no early return leaves a connection inside a transaction.
+class Transaction {
+ public:
+  explicit Transaction(Sql& sql) : sql_(sql) {}
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  ~Transaction() {
+    if (open_) sql_.Rollback();
+  }
+
+  // `begin` is "BEGIN" (a read) or "BEGIN IMMEDIATE" (a decision).
+  Status Begin(const char* begin, std::string_view doing) {
+    Status status = sql_.Exec(begin, doing);
+    open_ = status.ok();
+    return status;
+  }
+  Status Commit(std::string_view doing) {
+    Status status = sql_.Exec("COMMIT", doing);
+    open_ = !status.ok();  // a failed COMMIT leaves it open: roll it back
+    return status;
+  }
+
+ private:
+  Sql& sql_;
+  bool open_ = false;
 };
 
 // OK for a fresh (empty) database, setting *fresh, or for one with fleetfs's
@@ -280,11 +310,11 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
   {
     // Read-only first: another application's database must not be touched,
     // not even by the switch to WAL mode below.
-    FLEETFS_RETURN_IF_ERROR(sql.Exec("BEGIN", "starting a read"));
+    Transaction read(sql);
+    FLEETFS_RETURN_IF_ERROR(read.Begin("BEGIN", "starting a read"));
     bool fresh = false;
-    const Status ours = CheckSchema(path, sql, &fresh);
-    sqlite3_exec(connection->db.get(), "COMMIT", nullptr, nullptr, nullptr);
-    FLEETFS_RETURN_IF_ERROR(ours);
+    FLEETFS_RETURN_IF_ERROR(CheckSchema(path, sql, &fresh));
+    FLEETFS_RETURN_IF_ERROR(read.Commit("ending the read"));
   }
   if (options.access == Access::kCreate) {
     // Outside a transaction: SQLite changes the journal mode only there.
@@ -297,23 +327,19 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
                          got + ")");
     }
     mode.reset();
-    FLEETFS_RETURN_IF_ERROR(sql.Exec("BEGIN IMMEDIATE", "taking the write lock"));
+    Transaction write(sql);
+    FLEETFS_RETURN_IF_ERROR(write.Begin("BEGIN IMMEDIATE", "taking the write lock"));
     bool fresh = false;
-    Status status = CheckSchema(path, sql, &fresh);
-    if (status.ok() && fresh) {
-      status = sql.Exec(kSchemaSql, "creating the schema");
-      if (status.ok()) {
-        status = sql.Exec(("PRAGMA application_id = " + std::to_string(kApplicationId) +
-                           "; PRAGMA user_version = " + std::to_string(kSchemaVersion))
-                              .c_str(),
-                          "marking the schema");
-      }
+    FLEETFS_RETURN_IF_ERROR(CheckSchema(path, sql, &fresh));
+    if (fresh) {
+      FLEETFS_RETURN_IF_ERROR(sql.Exec(kSchemaSql, "creating the schema"));
+      FLEETFS_RETURN_IF_ERROR(
+          sql.Exec(("PRAGMA application_id = " + std::to_string(kApplicationId) +
+                    "; PRAGMA user_version = " + std::to_string(kSchemaVersion))
+                       .c_str(),
+                   "marking the schema"));
     }
-    if (status.ok()) status = sql.Exec("COMMIT", "committing the schema");
-    if (!status.ok()) {
-      sqlite3_exec(connection->db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-      return status;
-    }
+    FLEETFS_RETURN_IF_ERROR(write.Commit("committing the schema"));
   }
   store->Return(std::move(connection));
   return store;
@@ -353,32 +379,29 @@ template <typename T, typename DecideFn>
 Result<T> SqliteStore::Decide(DecideFn&& decide) {
   FLEETFS_ASSIGN_OR_RETURN(ConnectionPtr connection, Acquire());
   Sql sql(path_, connection->db.get());
-  FLEETFS_RETURN_IF_ERROR(sql.Exec("BEGIN IMMEDIATE", "taking the write lock"));
-  // Read after the lock: decisions are then ordered in time as in the table.
-  const WallMs now = clock_.NowMs();
-  bool fresh = false;
-  Status status = CheckSchema(path_, sql, &fresh);
-  if (status.ok() && fresh) {
-    status = Status(Code::kFailedPrecondition,
-                    "control database " + path_ + ": it has no fleetfs schema yet");
-  }
   std::optional<Result<T>> answer;
-  if (status.ok()) {
-    auto before = LoadTable(path_, sql, fresh);
-    if (!before.ok()) {
-      status = before.status();
-    } else {
-      OwnershipTable after = *before;
-      answer.emplace(decide(after, now));
-      if (answer->ok() && !(after == *before)) status = StoreChanges(sql, *before, after);
-      if (status.ok()) status = sql.Exec("COMMIT", "committing the decision");
+  const Status status = [&]() -> Status {
+    Transaction transaction(sql);
+    FLEETFS_RETURN_IF_ERROR(transaction.Begin("BEGIN IMMEDIATE", "taking the write lock"));
+    // Read after the lock: decisions are then ordered in time as in the table.
+    const WallMs now = clock_.NowMs();
+    bool fresh = false;
+    FLEETFS_RETURN_IF_ERROR(CheckSchema(path_, sql, &fresh));
+    if (fresh) {
+      return Status(Code::kFailedPrecondition,
+                    "control database " + path_ + ": it has no fleetfs schema yet");
     }
-  }
-  if (!status.ok()) {
-    sqlite3_exec(connection->db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-    // A connection whose transaction state is unknown is not reused.
-    return status;
-  }
+    FLEETFS_ASSIGN_OR_RETURN(const OwnershipTable before, LoadTable(path_, sql, fresh));
+    OwnershipTable after = before;
+    answer.emplace(decide(after, now));
+    // A refused decision (an exhausted counter) writes nothing.
+    if (answer->ok() && !(after == before)) {
+      FLEETFS_RETURN_IF_ERROR(StoreChanges(sql, before, after));
+    }
+    return transaction.Commit("committing the decision");
+  }();
+  // A connection whose last transaction failed is not reused.
+  if (!status.ok()) return status;
   Return(std::move(connection));
   return std::move(*answer);
 }
@@ -406,16 +429,15 @@ Result<bool> SqliteStore::Release(SlotRange range, const OwnerId& owner, Epoch e
 Result<OwnershipTable> SqliteStore::Read() {
   FLEETFS_ASSIGN_OR_RETURN(ConnectionPtr connection, Acquire());
   Sql sql(path_, connection->db.get());
-  FLEETFS_RETURN_IF_ERROR(sql.Exec("BEGIN", "starting a read"));
-  bool fresh = false;
-  Status status = CheckSchema(path_, sql, &fresh);
-  std::optional<Result<OwnershipTable>> table;
-  if (status.ok()) {
-    table.emplace(LoadTable(path_, sql, fresh));
-    status = table->status();
-  }
-  sqlite3_exec(connection->db.get(), status.ok() ? "COMMIT" : "ROLLBACK", nullptr, nullptr,
-               nullptr);
+  std::optional<OwnershipTable> table;
+  const Status status = [&]() -> Status {
+    Transaction transaction(sql);
+    FLEETFS_RETURN_IF_ERROR(transaction.Begin("BEGIN", "starting a read"));
+    bool fresh = false;
+    FLEETFS_RETURN_IF_ERROR(CheckSchema(path_, sql, &fresh));
+    FLEETFS_ASSIGN_OR_RETURN(table, LoadTable(path_, sql, fresh));
+    return transaction.Commit("ending the read");
+  }();
   if (!status.ok()) return status;
   Return(std::move(connection));
   return std::move(*table);

@@ -115,7 +115,6 @@ int RunSlot(const std::vector<std::string>& keys, const std::string& mode_text, 
   for (const std::string& key : keys) {
     const Slot slot = KeySlot(key);
     const std::string bucket = BucketName(BucketOf(slot));
-    const Status tenant = ValidateTenantId(key);
     const auto problem = TenantIdProblem(key);
     any_not_tenant |= problem.has_value();
     Json entry = {{"key", key},
@@ -123,20 +122,22 @@ int RunSlot(const std::vector<std::string>& keys, const std::string& mode_text, 
                   {"bucket", bucket},
                   {"hash_tag", std::string(HashTag(key))},
                   {"slot_path", SlotPath(slot)}};
-    if (tenant.ok()) {
-      entry["tenant_path"] = TenantPath(key);
-    } else {
+    if (problem) {
       entry["tenant_path"] = nullptr;
-      entry["tenant_error"] = tenant.message();
+      entry["tenant_error"] = ValidateTenantId(key).message();
+    } else {
+      entry["tenant_path"] = TenantPath(key);
     }
-    if (mode) entry["path"] = *MainPathForKey(*mode, key);
-    list.push_back(entry);
     if (mode) {
-      rows.push_back({Printable(key), std::to_string(slot), bucket, *MainPathForKey(*mode, key)});
+      // Tenant-mode keys were all checked above, so the path exists.
+      const std::string path = *MainPathForKey(*mode, key);
+      entry["path"] = path;
+      rows.push_back({Printable(key), std::to_string(slot), bucket, path});
     } else {
       rows.push_back({Printable(key), std::to_string(slot), bucket, SlotPath(slot),
-                      tenant.ok() ? TenantPath(key) : "(not a tenant id: " + *problem + ")"});
+                      problem ? "(not a tenant id: " + *problem + ")" : TenantPath(key)});
     }
+    list.push_back(std::move(entry));
   }
   if (json) {
     out << Dump(list) << '\n';

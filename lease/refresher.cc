@@ -27,7 +27,6 @@ bool Refresher::Start() {
     if (shared_->host.refresh_open() || shared_->host.stopping()) return false;
     const MonoTime now = shared_->clock.Now();
     shared_->started = now;
-    shared_->deadline = now + shared_->host.refresh_interval();
     calls = shared_->host.BeginRefresh(now);
   }
   const OwnerId& owner = shared_->host.owner();  // never changes
@@ -52,7 +51,8 @@ bool Refresher::Start() {
 
 std::optional<RefreshReport> Refresher::Tick() {
   std::unique_lock lock(shared_->mu);
-  if (!shared_->host.refresh_open() || shared_->clock.Now() < shared_->deadline) {
+  const MonoTime deadline = shared_->started + shared_->host.refresh_interval();
+  if (!shared_->host.refresh_open() || shared_->clock.Now() < deadline) {
     return std::nullopt;
   }
   return Finish(*shared_, lock);
@@ -61,9 +61,9 @@ std::optional<RefreshReport> Refresher::Tick() {
 MonoTime Refresher::NextWake() const {
   std::lock_guard lock(shared_->mu);
   const MonoTime now = shared_->clock.Now();
-  MonoTime wake = shared_->host.NextWake(shared_->started, now);
-  if (shared_->host.refresh_open()) wake = std::min(wake, shared_->deadline);
-  return wake;
+  // NextWake already counts the next refresh from `started`, which is also
+  // the open refresh's time limit.
+  return shared_->host.NextWake(shared_->started, now);
 }
 
 std::optional<Epoch> Refresher::EpochFor(Slot slot) const {

@@ -69,8 +69,7 @@ class Refresher {
     Executor executor;
     mutable std::mutex mu;  // guards everything below
     HostOwnership host;
-    MonoTime started{};      // of the last refresh
-    MonoTime deadline{};     // of the open refresh
+    MonoTime started{};  // of the last refresh; its calls' time limit is started + ttl/3
     ReportListener listener;
     int released = 0;
   };

@@ -3,7 +3,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <charconv>
 #include <iomanip>
 #include <memory>
@@ -397,22 +396,21 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     out << kVersion << '\n';
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    // Point at the help of the deepest command named on the line.
+    // Point at the help of the deepest command named on the line; `next` is
+    // the first argument after it.
     std::string command = "fleetfs";
     const CLI::App* at = &app;
-    for (int i = 1; i < argc; ++i) {
-      const CLI::App* sub = nullptr;
+    int next = 1;
+    for (; next < argc; ++next) {
       try {
-        sub = at->get_subcommand(argv[i]);
+        at = at->get_subcommand(argv[next]);
       } catch (const CLI::OptionNotFound&) {
         break;
       }
-      command += std::string(" ") + argv[i];
-      at = sub;
+      command += std::string(" ") + argv[next];
     }
-    const int named = static_cast<int>(std::count(command.begin(), command.end(), ' ')) + 1;
-    if (!at->get_subcommands({}).empty() && named < argc && argv[named][0] != '-') {
-      err << "fleetfs: unknown command '" << argv[named] << "'; run '" << command << " --help'\n";
+    if (!at->get_subcommands({}).empty() && next < argc && argv[next][0] != '-') {
+      err << "fleetfs: unknown command '" << argv[next] << "'; run '" << command << " --help'\n";
       return kExitBadInput;
     }
     err << "fleetfs: " << e.what() << "; run '" << command << " --help'\n";

@@ -8,6 +8,9 @@ packages=(
   build-essential cmake ninja-build pkg-config
   # libraries (see README, "Dependencies")
   libsqlite3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  libfuse3-dev libuv1-dev libspdlog-dev libtomlplusplus-dev libhttp-parser-dev
+  # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
+  fuse3
   # tests: real clients and servers the tests drive
   sqlite3 python3 redis-server
 )

@@ -1,0 +1,78 @@
+// FleetFs: the fleet root, a FUSE low-level passthrough of the backing
+// directory filtered by the serving view (DESIGN section 3).
+//
+//   ROOT/BBB/            the 256 bucket directories, always listed
+//   ROOT/BBB/<file>      a fleet file whose slot the view serves, else hidden
+//   ROOT/.fleetfs/       read-only: status.json and ranges, made by the agent
+//
+// Every operation on an open handle checks, against the view it loaded, that
+// the handle's slot is still served under the token it was opened with, and
+// holds that view until it is done. Publishing a view that withdraws ranges
+// queues a fence: a thread of the mount waits until no operation holds an
+// older view (so writes already inside have finished or failed), then tells
+// the kernel to forget the entries and cached pages of those ranges.
+//
+// Writes are write-through (no writeback cache, no kernel passthrough) and
+// fleetfs implements no lock operation: the kernel keeps SQLite's POSIX
+// locks, coherent for every process that uses the mount.
+//
+// Thread-safety: Publish, WaitForFences, stats and the open-handle counts
+// are safe from any thread. The FUSE session runs on its own threads.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "fleet/clock.h"
+#include "fleet/layout.h"
+#include "fleet/status.h"
+#include "vfs/serving_view.h"
+#include "vfs/vfs_stats.h"
+
+namespace fleetfs::vfs {
+
+struct MountOptions {
+  std::string backing;     // absolute path of an existing directory
+  std::string mountpoint;  // absolute path of an existing, unmounted directory
+  FleetMode mode = FleetMode::kTenant;
+  bool allow_create = true;  // false: creating a main file is refused (sidecars still work)
+  int max_threads = 10;
+  const MonotonicClock* clock = nullptr;  // must outlive the mount
+  // Contents of the virtual files under .fleetfs/, made when one is opened,
+  // on a FUSE thread.
+  std::function<std::string()> status_json;
+  std::function<std::string()> ranges_text;
+};
+
+class FleetFs {
+ public:
+  // Mounts and starts serving `initial`. Fails when the backing directory
+  // cannot be opened or the kernel refuses the mount.
+  static Result<std::unique_ptr<FleetFs>> Mount(MountOptions options,
+                                                std::shared_ptr<const ServingView> initial);
+  ~FleetFs();  // unmounts when Unmount was not called
+  FleetFs(const FleetFs&) = delete;
+  FleetFs& operator=(const FleetFs&) = delete;
+
+  // Makes `view` the one every later operation checks, and queues the fence
+  // of every range it withdraws. Returns at once.
+  void Publish(std::shared_ptr<const ServingView> view);
+  // Blocks until every fence queued so far is done.
+  void WaitForFences();
+  // Ends the session and removes the mount. Publish an empty view and wait
+  // for its fence first: after this, open descriptors fail with ENOTCONN.
+  void Unmount();
+
+  const VfsStats& stats() const;
+  std::size_t OpenHandles() const;
+  std::size_t OpenHandlesIn(Slot first, Slot last) const;
+
+  class Impl;
+
+ private:
+  explicit FleetFs(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fleetfs::vfs

@@ -251,6 +251,7 @@ std::vector<RangeStatus> HostOwnership::Status(MonoTime now) const {
     status.serving = !stopping_ && state.held && now < state.valid_until;
     if (status.serving) {
       status.lease_left = std::chrono::duration_cast<Millis>(state.valid_until - now);
+      status.valid_until = state.valid_until;
     }
     status.last = state.outcome;
     status.holder = state.holder;

@@ -84,6 +84,7 @@ struct RangeStatus {
   std::optional<Epoch> epoch;  // the held epoch, serving or not
   bool serving = false;
   Millis lease_left{0};        // of the local lease; 0 when not serving
+  MonoTime valid_until{};      // the local lease's end, when serving
   RangeOutcome last = RangeOutcome::kNotYet;
   std::optional<Held> holder;  // when waiting
   std::string failure;         // when failed, timed out or still running

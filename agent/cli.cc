@@ -4,6 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <charconv>
 #include <iomanip>
 #include <memory>
@@ -12,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent.h"
+#include "agent/config.h"
 #include "fleet/layout.h"
 #include "fleet/slot.h"
 #include "lease/lease_ttl.h"
@@ -334,6 +339,129 @@ EXAMPLES
   fleetfs lease release --store sqlite:///var/lib/fleetfs/control.db --owner host-a --range 0-8191 --epoch 1
 )";
 
+
+std::string StateNote(const Json& range) {
+  std::string note;
+  if (range.contains("held_by")) {
+    note = "held by " + range["held_by"]["owner"].get<std::string>() + " until " +
+           LocalTime(range["held_by"]["until_ms"].get<WallMs>());
+  }
+  if (range.contains("failure")) {
+    note += (note.empty() ? "" : "; ") + range["failure"].get<std::string>();
+  }
+  return note.empty() ? "-" : note;
+}
+
+int RunStatus(const std::string& mount, bool json, std::ostream& out, std::ostream& err) {
+  const std::string path = mount + "/.fleetfs/status.json";
+  std::ifstream in(path);
+  if (!in) {
+    int e = errno;
+    if (e == ENOTCONN) {
+      err << "fleetfs: " << mount
+          << " is a stale mount: its agent has ended; start 'fleetfs mount' again to clean it up\n";
+    } else {
+      err << "fleetfs: " << mount << " is not a running fleetfs mount (" << path << ": "
+          << std::strerror(e) << ")\n";
+    }
+    return kExitFailure;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (json) {
+    out << text.str();
+    return kExitOk;
+  }
+  Json doc = Json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    err << "fleetfs: " << path << " is not a status document\n";
+    return kExitFailure;
+  }
+  out << "owner " << doc["owner"].get<std::string>() << "   store " << doc["store"].get<std::string>()
+      << "   ttl " << doc["ttl"].get<std::string>() << "   mode " << doc["mode"].get<std::string>()
+      << '\n';
+  out << "agent pid " << doc["pid"].get<int>() << " " << doc["phase"].get<std::string>()
+      << "   backing " << doc["backing"].get<std::string>() << "   admin "
+      << doc["admin"].get<std::string>() << "   open files " << doc["open_files"].get<int>()
+      << "   health " << (doc["health"]["ok"].get<bool>() ? "ok" : "FAILING: ")
+      << (doc["health"]["ok"].get<bool>() ? "" : Printable(doc["health"]["reason"].get<std::string>().substr(0, doc["health"]["reason"].get<std::string>().size() - 1)))
+      << "\n\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"RANGE", "EPOCH", "STATE", "LEASE LEFT", "OPEN FILES", "NOTE"}};
+  for (const Json& r : doc["ranges"]) {
+    std::ostringstream left;
+    if (r["serving"].get<bool>()) {
+      left << std::fixed << std::setprecision(1) << r["lease_left_ms"].get<double>() / 1000.0 << "s";
+    } else {
+      left << "-";
+    }
+    rows.push_back({r["range"].get<std::string>(),
+                    r["epoch"].is_null() ? "-" : std::to_string(r["epoch"].get<std::uint64_t>()),
+                    r["state"].get<std::string>(), left.str(),
+                    std::to_string(r["open_files"].get<std::uint64_t>()), StateNote(r)});
+  }
+  PrintTable(out, rows);
+  return kExitOk;
+}
+
+constexpr const char* kMountFooter = R"(
+Mounts the fleet root at --mount over --backing and serves it until SIGTERM
+or SIGINT. Only files whose slot this host owns at the current epoch are
+visible; a range whose local lease lapses is hidden at once and its open
+handles fail with ESTALE.
+
+  MOUNT/BBB/<tenant>.db       tenant mode (BBB = slot / 64, see 'fleetfs slot')
+  MOUNT/BBB/slot-SSSSS.db     slot mode
+  MOUNT/.fleetfs/status.json  this agent's state; also MOUNT/.fleetfs/ranges
+
+Errors applications see: ENOENT for names not served here, EREMOTE when
+creating a file in a slot another host owns, EPERM for names that are no fleet
+files, for mkdir, rmdir, symlinks and renames, ESTALE on a handle whose range
+is no longer served.
+
+While the agent runs, nothing else may touch the backing directory: open the
+databases through the mount only (mixing the two corrupts databases).
+
+Start-up: takes the volume lock (BACKING/.fleetfs/agent.lock; a second agent
+is refused, naming the holder's pid), cleans up a stale mount a crashed agent
+left, checks the store, makes its first claim, then mounts. SIGTERM: no new
+opens; open handles get --shutdown-grace to close; then every handle is
+fenced, the ranges are released when no store call can still land, and the
+mount is removed. A second SIGTERM skips the grace.
+
+CONFIGURATION FILE (TOML; every key is also a flag, flags win)
+  backing = "/var/lib/fleetfs/volume"
+  mount = "/mnt/fleet"
+  mode = "tenant"                 # or "slot"
+  owner = "host-a"                # default: the host name
+  ranges = ["0-8191"]             # or "0-8191,9000-9999"
+  store = "sqlite:///var/lib/fleetfs/control.db"
+  ttl = "30s"                     # 3s to 3600s; refresh every ttl/3
+  admin = "127.0.0.1:7878"        # or "off"; loopback only
+  no_create = false
+  shutdown_grace = "5s"
+
+ADMIN ENDPOINT
+  /health   200 while every range is served or waiting; 503 with the reason
+  /status   the status document (JSON)
+  /metrics  Prometheus text
+
+EXAMPLES
+  fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet
+  fleetfs mount --config /etc/fleetfs/agent.toml --ranges 0-8191 --ttl 15s
+)";
+
+constexpr const char* kStatusFooter = R"(
+Reads MOUNT/.fleetfs/status.json from a running agent and prints the owner,
+store and ttl, then one line per range: epoch; state (serving, waiting for
+another owner, lost, lapsed, failed, pending); local lease time left; open
+files; who holds it and until when, or why the last store call failed.
+
+EXAMPLES
+  fleetfs status
+  fleetfs status /mnt/fleet --json
+)";
+
 }  // namespace
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -387,6 +515,40 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                              "End the lease of a range held at --epoch now (exit 4 if lost)",
                              "The epoch held (required)");
 
+  ConfigInput mount_input;
+  std::string config_file, backing, mountpoint, mount_mode, owner, ranges, store, ttl, admin, grace;
+  bool no_create = false;
+  auto* mount = app.add_subcommand("mount", "Run the agent: mount the fleet root and serve it");
+  mount->footer(kMountFooter);
+  auto* o_config = mount->add_option("--config", config_file, "TOML configuration file");
+  auto* o_backing = mount->add_option("--backing", backing, "Backing directory (absolute)")
+                        ->default_str(kDefaultBacking);
+  auto* o_mount = mount->add_option("--mount", mountpoint, "Mount point (absolute)")
+                      ->default_str(kDefaultMount);
+  auto* o_mode = mount->add_option("--mode", mount_mode, "Layout: 'tenant' or 'slot'")
+                     ->default_str("tenant");
+  auto* o_owner =
+      mount->add_option("--owner", owner, "Owner id on the ownership table (default: host name)");
+  auto* o_ranges = mount->add_option("--ranges", ranges, "Slot ranges to own: A-B[,C-D...]")
+                       ->default_str("0-16383");
+  auto* o_store = mount->add_option("--store", store, "Ownership store URL")
+                      ->default_str(kDefaultStore);
+  auto* o_ttl = mount->add_option("--ttl", ttl, "Lease length, 3s to 3600s")->default_str("30s");
+  auto* o_admin = mount->add_option("--admin", admin, "Admin HTTP endpoint on loopback, or 'off'")
+                      ->default_str(kDefaultAdmin);
+  auto* o_grace = mount->add_option("--shutdown-grace", grace,
+                                    "How long open handles may finish at SIGTERM")
+                      ->default_str("5s");
+  auto* o_no_create =
+      mount->add_flag("--no-create", no_create, "Refuse creating new tenant files (EPERM)");
+
+  std::string status_mount = kDefaultMount;
+  bool status_json = false;
+  auto* status = app.add_subcommand("status", "Show a running agent's ranges, leases and files");
+  status->footer(kStatusFooter);
+  status->add_option("MOUNT", status_mount, "The agent's mount point")->default_str(kDefaultMount);
+  status->add_flag("--json", status_json, "Print the status document as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -418,6 +580,26 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return kExitBadInput;
   }
 
+  if (mount->parsed()) {
+    auto set = [](CLI::Option* option, const std::string& value, std::optional<std::string>& to) {
+      if (option->count() > 0) to = value;
+    };
+    set(o_config, config_file, mount_input.config_file);
+    set(o_backing, backing, mount_input.backing);
+    set(o_mount, mountpoint, mount_input.mountpoint);
+    set(o_mode, mount_mode, mount_input.mode);
+    set(o_owner, owner, mount_input.owner);
+    set(o_ranges, ranges, mount_input.ranges);
+    set(o_store, store, mount_input.store);
+    set(o_ttl, ttl, mount_input.ttl);
+    set(o_admin, admin, mount_input.admin);
+    set(o_grace, grace, mount_input.shutdown_grace);
+    if (o_no_create->count() > 0) mount_input.no_create = true;
+    auto config = ResolveConfig(mount_input);
+    if (!config.ok()) return Fail(err, config.status());
+    return RunAgent(*config, err);
+  }
+  if (status->parsed()) return RunStatus(status_mount, status_json, out, err);
   if (slot->parsed()) return RunSlot(keys, slot_mode, slot_json, out, err);
   if (ls->parsed()) return RunLeaseLs(args, out, err);
   if (claim->parsed()) return RunLeaseChange(LeaseVerb::kClaim, args, out, err);

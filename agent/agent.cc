@@ -1,0 +1,507 @@
+#include "agent/agent.h"
+
+#include <signal.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "agent/admin_server.h"
+#include "agent/report.h"
+#include "agent/volume_lock.h"
+#include "fleet/clock.h"
+#include "lease/host_ownership.h"
+#include "lease/lease_ttl.h"
+#include "lease/refresher.h"
+#include "lease/store_url.h"
+#include "vfs/fleet_fs.h"
+#include "vfs/mount_point.h"
+#include "vfs/serving_view.h"
+
+namespace fleetfs::agent {
+namespace {
+
+using lease::Epoch;
+using lease::SlotRange;
+
+enum class Phase { kStarting, kServing, kDraining, kStopping, kStopped };
+
+std::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kStarting: return "starting";
+    case Phase::kServing: return "serving";
+    case Phase::kDraining: return "draining";
+    case Phase::kStopping: return "stopping";
+    case Phase::kStopped: return "stopped";
+  }
+  return "unknown";
+}
+
+int ExitCodeFor(const Status& status) {
+  return status.code() == Code::kInvalidArgument ? 2 : 1;
+}
+
+class Agent {
+ public:
+  explicit Agent(const AgentConfig& config) : config_(config) {}
+  int Run(std::ostream& err);
+
+ private:
+  struct Work {
+    uv_work_t req{};
+    lease::Refresher::Task task;
+    Agent* agent = nullptr;
+  };
+  // What a range was last published as: a new period starts whenever a range
+  // is served again after it was not, even at the same epoch.
+  struct Published {
+    Epoch epoch;
+    std::uint64_t period = 0;
+    MonoTime valid_until{};
+  };
+
+  void Post(lease::Refresher::Task task);  // any thread
+  void RunPosted();
+  void Step();
+  void Arm();
+  std::shared_ptr<const vfs::ServingView> BuildView();
+  void Publish();
+  Status MountNow();
+  void BeginDrain(std::string_view why);
+  void BeginStop();
+  void Finish();
+  AgentSnapshot Snapshot() const;
+  HttpResponse Serve(const std::string& method, const std::string& path) const;
+
+  const AgentConfig& config_;
+  SystemMonotonicClock mono_;
+  SystemWallClock wall_;
+
+  uv_loop_t loop_{};
+  uv_timer_t wake_{};
+  uv_async_t posted_async_{};
+  uv_signal_t sigterm_{};
+  uv_signal_t sigint_{};
+
+  std::unique_ptr<lease::Refresher> refresher_;
+  std::unique_ptr<vfs::FleetFs> fs_;
+  std::atomic<vfs::FleetFs*> fs_for_readers_{nullptr};  // set once mounted; read by any thread
+  std::unique_ptr<AdminServer> admin_;
+
+  std::mutex posted_mu_;  // guards posted_
+  std::vector<lease::Refresher::Task> posted_;
+  int work_in_flight_ = 0;  // loop thread only
+
+  // Loop thread only.
+  std::map<SlotRange, Published> published_;
+  std::uint64_t next_period_ = 1;
+  MonoTime next_refresh_{};
+  MonoTime drain_deadline_{};
+  MonoTime release_deadline_{};
+  std::size_t releases_sent_ = 0;
+  int exit_code_ = 0;
+
+  std::atomic<Phase> phase_{Phase::kStarting};
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Outcome::kCount)> outcomes_{};
+  std::atomic<std::uint64_t> refreshes_{0};
+};
+
+// ---- store calls on the thread pool ----
+
+void Agent::Post(lease::Refresher::Task task) {
+  {
+    std::lock_guard lock(posted_mu_);
+    posted_.push_back(std::move(task));
+  }
+  uv_async_send(&posted_async_);
+}
+
+void Agent::RunPosted() {
+  std::vector<lease::Refresher::Task> tasks;
+  {
+    std::lock_guard lock(posted_mu_);
+    tasks.swap(posted_);
+  }
+  for (auto& task : tasks) {
+    auto* work = new Work;
+    work->task = std::move(task);
+    work->agent = this;
+    work->req.data = work;
+    ++work_in_flight_;
+    uv_queue_work(
+        &loop_, &work->req, [](uv_work_t* req) { static_cast<Work*>(req->data)->task(); },
+        [](uv_work_t* req, int) {
+          std::unique_ptr<Work> work(static_cast<Work*>(req->data));
+          Agent* agent = work->agent;
+          --agent->work_in_flight_;
+          // An answer may change what is served.
+          if (agent->phase_ != Phase::kStopped) agent->Step();
+        });
+  }
+}
+
+// ---- the serving view ----
+
+std::shared_ptr<const vfs::ServingView> Agent::BuildView() {
+  const MonoTime now = mono_.Now();
+  const Phase phase = phase_;
+  std::vector<vfs::ServedRange> served;
+  std::map<SlotRange, Published> next;
+  if (phase != Phase::kStopping && phase != Phase::kStopped) {
+    for (const lease::RangeStatus& st : refresher_->Status()) {
+      if (!st.serving || !st.epoch) continue;
+      auto before = published_.find(st.range);
+      Published p;
+      p.epoch = *st.epoch;
+      p.valid_until = st.valid_until;
+      if (before != published_.end() && before->second.epoch == *st.epoch &&
+          now < before->second.valid_until) {
+        p.period = before->second.period;
+      } else {
+        p.period = next_period_++;
+        spdlog::info("serving range {} at epoch {} (local lease {} left)", st.range.ToString(),
+                     st.epoch->value(), lease::FormatDuration(st.lease_left));
+      }
+      next[st.range] = p;
+      served.push_back(vfs::ServedRange{st.range.first(), st.range.last(),
+                                        vfs::ServingToken{p.epoch.value(), p.period},
+                                        st.valid_until});
+    }
+  }
+  for (const auto& [range, p] : published_) {
+    auto after = next.find(range);
+    if (after == next.end() || after->second.period != p.period) {
+      std::string why = phase == Phase::kStopping || phase == Phase::kStopped ? "the agent is stopping"
+                        : now >= p.valid_until ? "its local lease ended"
+                                               : "it was lost";
+      spdlog::warn("stopped serving range {} at epoch {}: {}; hiding it and fencing its handles",
+                   range.ToString(), p.epoch.value(), why);
+    }
+  }
+  published_ = std::move(next);
+  auto view = vfs::ServingView::Make(std::move(served), phase == Phase::kServing ||
+                                                            phase == Phase::kStarting);
+  if (!view.ok()) {
+    // Configured ranges never overlap, so this is a broken invariant: serve nothing.
+    spdlog::error("serving view refused: {}", view.status().message());
+    return std::make_shared<const vfs::ServingView>();
+  }
+  return std::make_shared<const vfs::ServingView>(std::move(*view));
+}
+
+void Agent::Publish() {
+  auto view = BuildView();
+  if (fs_) fs_->Publish(std::move(view));
+}
+
+// ---- time ----
+
+void Agent::Step() {
+  const Phase phase = phase_;
+  if (phase == Phase::kStopping) {
+    MonoTime now = mono_.Now();
+    if (static_cast<std::size_t>(refresher_->released()) >= releases_sent_) {
+      spdlog::info("released {} ranges; other hosts may claim them at once", releases_sent_);
+      Finish();
+      return;
+    }
+    if (now >= release_deadline_) {
+      spdlog::warn("the store did not confirm every release within ttl/3; the rest lapse");
+      Finish();
+      return;
+    }
+    Arm();
+    return;
+  }
+  if (phase == Phase::kStopped) return;
+
+  MonoTime now = mono_.Now();
+  if (auto report = refresher_->Tick()) {
+    (void)report;  // the listener counted it
+  }
+  if (!refresher_->refresh_open() && now >= next_refresh_) {
+    if (refresher_->Start()) next_refresh_ = now + config_.ttl / 3;
+  }
+  if (phase == Phase::kStarting && !refresher_->refresh_open()) {
+    // The first claim has answered (or timed out): mount what it gave.
+    Status mounted = MountNow();
+    if (!mounted.ok()) {
+      spdlog::error("{}", mounted.message());
+      exit_code_ = 1;
+      BeginStop();
+      return;
+    }
+    phase_ = Phase::kServing;
+  }
+  Publish();
+  if (phase_ == Phase::kDraining) {
+    bool idle = fs_ == nullptr || fs_->OpenHandles() == 0;
+    if (idle || mono_.Now() >= drain_deadline_) {
+      if (!idle) {
+        spdlog::warn("{} handles still open after the shutdown grace; fencing them",
+                     fs_->OpenHandles());
+      }
+      BeginStop();
+      return;
+    }
+  }
+  Arm();
+}
+
+void Agent::Arm() {
+  MonoTime now = mono_.Now();
+  MonoTime next = refresher_->NextWake();
+  if (next_refresh_ < next) next = next_refresh_;
+  const Phase phase = phase_;
+  if (phase == Phase::kDraining || phase == Phase::kStopping) {
+    next = std::min(next, now + Millis(20));  // watch handles close and releases land
+  }
+  auto delay = std::chrono::ceil<Millis>(next - now).count();
+  // libuv's clock has millisecond steps; waking 1 ms late beats waking early.
+  uv_timer_start(&wake_, [](uv_timer_t* t) { static_cast<Agent*>(t->data)->Step(); },
+                 static_cast<std::uint64_t>(std::max<std::int64_t>(delay, 0)) + 1, 0);
+}
+
+// ---- start and stop ----
+
+Status Agent::MountNow() {
+  vfs::MountOptions options;
+  options.backing = config_.backing;
+  options.mountpoint = config_.mountpoint;
+  options.mode = config_.mode;
+  options.allow_create = config_.allow_create;
+  options.max_threads = config_.fuse_threads;
+  options.clock = &mono_;
+  options.status_json = [this] { return StatusJson(Snapshot()).dump(2) + "\n"; };
+  options.ranges_text = [this] { return RangesText(Snapshot()); };
+  auto fs = vfs::FleetFs::Mount(std::move(options), BuildView());
+  if (!fs.ok()) return fs.status().WithContext("mounting " + config_.mountpoint);
+  fs_ = std::move(*fs);
+  fs_for_readers_ = fs_.get();
+  spdlog::info("mounted {} over {} ({} mode{})", config_.mountpoint, config_.backing,
+               ModeName(config_.mode), config_.allow_create ? "" : ", creating tenants refused");
+  return Status::Ok();
+}
+
+void Agent::BeginDrain(std::string_view why) {
+  const Phase phase = phase_;
+  if (phase == Phase::kDraining) {
+    spdlog::info("{} again: not waiting for open handles", why);
+    BeginStop();
+    return;
+  }
+  if (phase != Phase::kServing && phase != Phase::kStarting) return;
+  if (phase == Phase::kStarting) {
+    BeginStop();
+    return;
+  }
+  phase_ = Phase::kDraining;
+  drain_deadline_ = mono_.Now() + config_.shutdown_grace;
+  spdlog::info("{}: no new opens; {} open handles get up to {} to close", why,
+               fs_ ? fs_->OpenHandles() : 0, lease::FormatDuration(config_.shutdown_grace));
+  Step();
+}
+
+void Agent::BeginStop() {
+  phase_ = Phase::kStopping;
+  uv_timer_stop(&wake_);
+  // Hide everything and fence every handle; the fence waits for writes in
+  // flight, so after it nothing reaches a backing file.
+  Publish();
+  if (fs_) fs_->WaitForFences();
+  // Nothing is shipped yet (replication is not built), so nothing committed
+  // is left unshipped; the plan still refuses while a store call may land.
+  lease::ReleasePlan plan = refresher_->StartRelease(/*all_shipped=*/true);
+  releases_sent_ = plan.calls.size();
+  if (plan.calls.empty()) {
+    if (!plan.lapse_reason.empty()) spdlog::info("not releasing: {}", plan.lapse_reason);
+    Finish();
+    return;
+  }
+  release_deadline_ = mono_.Now() + config_.ttl / 3;
+  Arm();
+}
+
+void Agent::Finish() {
+  phase_ = Phase::kStopped;
+  if (fs_) {
+    fs_->Unmount();
+    spdlog::info("unmounted {}", config_.mountpoint);
+  }
+  if (admin_) admin_->Close();
+  uv_timer_stop(&wake_);
+  uv_close(reinterpret_cast<uv_handle_t*>(&wake_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&posted_async_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+  // A store call that still hangs keeps its pool thread; it must not keep
+  // the agent from exiting.
+  if (work_in_flight_ > 0) uv_stop(&loop_);
+}
+
+// ---- what operators see ----
+
+AgentSnapshot Agent::Snapshot() const {
+  AgentSnapshot s;
+  s.owner = config_.owner.str();
+  s.store = config_.store;
+  s.mode = std::string(ModeName(config_.mode));
+  s.backing = config_.backing;
+  s.mountpoint = config_.mountpoint;
+  s.admin = config_.admin ? config_.admin->ToString() : "off";
+  s.phase = std::string(PhaseName(phase_));
+  s.ttl = config_.ttl;
+  s.pid = static_cast<int>(::getpid());
+  s.now_ms = wall_.NowMs();
+  s.mono_now = mono_.Now();
+  // steady_clock is CLOCK_MONOTONIC: other processes can compare with it.
+  s.monotonic_now_s = std::chrono::duration<double>(s.mono_now.time_since_epoch()).count();
+  vfs::FleetFs* fs = fs_for_readers_.load();
+  for (lease::RangeStatus& st : refresher_->Status()) {
+    std::size_t open = fs ? fs->OpenHandlesIn(st.range.first(), st.range.last()) : 0;
+    s.ranges.push_back(RangeSnapshot{std::move(st), open});
+  }
+  for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();
+  s.refreshes = refreshes_.load();
+  if (fs) s.vfs = SnapshotOf(fs->stats(), fs->OpenHandles());
+  return s;
+}
+
+HttpResponse Agent::Serve(const std::string& method, const std::string& path) const {
+  if (method != "GET" && method != "HEAD") {
+    return {405, "text/plain; charset=utf-8", "only GET is served\n"};
+  }
+  if (path == "/health") return Health(Snapshot());
+  if (path == "/status") return {200, "application/json", StatusJson(Snapshot()).dump(2) + "\n"};
+  if (path == "/metrics") return {200, "text/plain; version=0.0.4", MetricsText(Snapshot())};
+  return {404, "text/plain; charset=utf-8", "not found; try /health, /status or /metrics\n"};
+}
+
+int Agent::Run(std::ostream& err) {
+  auto fail = [&](const Status& status) {
+    err << "fleetfs: " << status.message() << '\n';
+    return ExitCodeFor(status);
+  };
+  auto lock = VolumeLock::Acquire(config_.backing);
+  if (!lock.ok()) return fail(lock.status());
+
+  auto state = vfs::InspectMountPoint(config_.mountpoint);
+  if (!state.ok()) return fail(state.status().WithContext("mount"));
+  if (*state == vfs::MountPointState::kStale) {
+    // Left by a crashed agent: its daemon is gone, the kernel answers ENOTCONN.
+    if (Status cleaned = vfs::CleanStaleMount(config_.mountpoint); !cleaned.ok()) {
+      return fail(cleaned);
+    }
+    spdlog::info("cleaned up the stale mount at {} left by an agent that ended",
+                 config_.mountpoint);
+  } else if (*state == vfs::MountPointState::kLive) {
+    return fail(Status(Code::kFailedPrecondition,
+                       "mount: " + config_.mountpoint +
+                           " is already mounted and answering; is another agent serving it?"));
+  }
+
+  auto store = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
+  if (!store.ok()) return fail(store.status().WithContext("store"));
+  auto host = lease::HostOwnership::Make(config_.owner, config_.ranges, config_.ttl);
+  if (!host.ok()) return fail(host.status());
+
+  // Each range may keep one hung call on a pool thread; the rest must still run.
+  std::size_t pool = std::min<std::size_t>(128, std::max<std::size_t>(4, config_.ranges.size() * 2 + 2));
+  ::setenv("UV_THREADPOOL_SIZE", std::to_string(pool).c_str(), 1);
+
+  uv_loop_init(&loop_);
+  uv_timer_init(&loop_, &wake_);
+  wake_.data = this;
+  uv_async_init(&loop_, &posted_async_, [](uv_async_t* a) { static_cast<Agent*>(a->data)->RunPosted(); });
+  posted_async_.data = this;
+  uv_signal_init(&loop_, &sigterm_);
+  uv_signal_init(&loop_, &sigint_);
+  sigterm_.data = this;
+  sigint_.data = this;
+
+  refresher_ = std::make_unique<lease::Refresher>(
+      std::move(*host), std::shared_ptr<lease::OwnershipStore>(std::move(*store)), mono_,
+      [this](lease::Refresher::Task task) { Post(std::move(task)); });
+  refresher_->SetReportListener([this](const lease::RefreshReport& report) {
+    auto add = [&](Outcome o, std::size_t n) {
+      outcomes_[static_cast<std::size_t>(o)].fetch_add(n);
+    };
+    add(Outcome::kClaimed, report.claimed.size());
+    add(Outcome::kRenewed, report.renewed.size());
+    add(Outcome::kLost, report.lost.size());
+    add(Outcome::kWaiting, report.waiting.size());
+    add(Outcome::kFailed, report.failed.size());
+    refreshes_.fetch_add(1);
+    for (const auto& [range, epoch] : report.claimed) {
+      spdlog::info("claimed range {} at epoch {}", range.ToString(), epoch.value());
+    }
+    for (const auto& range : report.lost) spdlog::warn("lost range {}", range.ToString());
+    for (const auto& [range, why] : report.failed) {
+      spdlog::warn("range {}: {}", range.ToString(), why);
+    }
+  });
+
+  if (config_.admin) {
+    auto admin = AdminServer::Start(&loop_, *config_.admin, [this](const std::string& m,
+                                                                   const std::string& p) {
+      return Serve(m, p);
+    });
+    if (!admin.ok()) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&wake_), nullptr);
+      uv_close(reinterpret_cast<uv_handle_t*>(&posted_async_), nullptr);
+      uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
+      uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+      uv_run(&loop_, UV_RUN_DEFAULT);
+      uv_loop_close(&loop_);
+      return fail(admin.status());
+    }
+    admin_ = std::move(*admin);
+  }
+  auto on_signal = [](uv_signal_t* handle, int signum) {
+    static_cast<Agent*>(handle->data)->BeginDrain(signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  };
+  uv_signal_start(&sigterm_, on_signal, SIGTERM);
+  uv_signal_start(&sigint_, on_signal, SIGINT);
+
+  std::string ranges;
+  for (const auto& r : config_.ranges) ranges += (ranges.empty() ? "" : ",") + r.ToString();
+  spdlog::info("fleetfs agent pid {} starting: owner '{}', ranges {}, store {}, ttl {}, admin {}",
+               ::getpid(), config_.owner.str(), ranges, config_.store,
+               lease::FormatDuration(config_.ttl),
+               config_.admin ? config_.admin->ToString() : "off");
+  Step();  // the first claim; the mount follows when it has answered
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  if (work_in_flight_ > 0) {
+    spdlog::warn("exiting with {} store calls still running; their ranges lapse",
+                 work_in_flight_);
+    spdlog::shutdown();
+    std::_Exit(exit_code_);
+  }
+  uv_loop_close(&loop_);
+  spdlog::info("stopped");
+  return exit_code_;
+}
+
+}  // namespace
+
+int RunAgent(const AgentConfig& config, std::ostream& err) {
+  static auto logger = [] {
+    auto l = spdlog::stderr_logger_mt("fleetfs");
+    l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+    l->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(l);
+    return l;
+  }();
+  (void)logger;
+  ::signal(SIGPIPE, SIG_IGN);
+  Agent agent(config);
+  return agent.Run(err);
+}
+
+}  // namespace fleetfs::agent

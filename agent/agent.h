@@ -1,0 +1,26 @@
+// Agent: `fleetfs mount`. Wires the ownership store, this host's leases, the
+// FUSE mount and the admin server around one libuv loop that owns time.
+//
+// Start: volume lock, mount point (a stale mount is cleaned up), store,
+// admin listener, first claim, then the mount. Run: refresh every ttl/3,
+// wake at the next local lapse, run store calls on the thread pool, publish
+// a new serving view on every change. SIGTERM/SIGINT: stop exposing, give
+// open handles a bounded time, fence, release when DESIGN section 2 allows,
+// unmount, exit 0.
+//
+// Thread-safety: Run blocks the calling thread, which becomes the loop
+// thread. The status snapshot is read from FUSE threads too; everything it
+// reads is thread-safe.
+#pragma once
+
+#include <ostream>
+
+#include "agent/config.h"
+
+namespace fleetfs::agent {
+
+// Runs the agent until it is stopped; returns the process exit code (0 after
+// a clean stop, 1 when it could not start or serve, 2 for bad configuration).
+int RunAgent(const AgentConfig& config, std::ostream& err);
+
+}  // namespace fleetfs::agent

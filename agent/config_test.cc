@@ -1,0 +1,121 @@
+#include "agent/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "lease/test_support.h"
+
+namespace fleetfs::agent {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backing_ = dir_.path().string() + "/backing";
+    mount_ = dir_.path().string() + "/mnt";
+    ASSERT_EQ(::mkdir(backing_.c_str(), 0755), 0);
+    ASSERT_EQ(::mkdir(mount_.c_str(), 0755), 0);
+  }
+  ConfigInput Input() {
+    ConfigInput in;
+    in.backing = backing_;
+    in.mountpoint = mount_;
+    return in;
+  }
+  std::string WriteFile(const std::string& text) {
+    std::string path = dir_.path().string() + "/agent.toml";
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string Error(const ConfigInput& in) {
+    auto config = ResolveConfig(in);
+    EXPECT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), Code::kInvalidArgument);
+    return config.ok() ? "" : config.status().message();
+  }
+
+  lease::testing::TempDir dir_;
+  std::string backing_, mount_;
+};
+
+TEST_F(ConfigTest, defaults_fill_what_is_not_given) {
+  auto config = ResolveConfig(Input());
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->mode, FleetMode::kTenant);
+  ASSERT_EQ(config->ranges.size(), 1u);
+  EXPECT_EQ(config->ranges[0], lease::SlotRange::All());
+  EXPECT_EQ(config->ttl, Millis(30000));
+  ASSERT_TRUE(config->admin.has_value());
+  EXPECT_EQ(config->admin->ToString(), "127.0.0.1:7878");
+  EXPECT_TRUE(config->allow_create);
+  EXPECT_FALSE(config->owner.str().empty());
+}
+
+TEST_F(ConfigTest, the_file_gives_values_and_flags_win_over_it) {
+  ConfigInput in = Input();
+  in.config_file = WriteFile(
+      "mode = \"slot\"\nowner = \"host-a\"\nranges = [\"0-99\", \"200-299\"]\nttl = \"9s\"\n"
+      "admin = \"off\"\nno_create = true\n");
+  in.ttl = "12s";
+  auto config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->mode, FleetMode::kSlot);
+  EXPECT_EQ(config->owner.str(), "host-a");
+  ASSERT_EQ(config->ranges.size(), 2u);
+  EXPECT_EQ(config->ranges[1].ToString(), "200-299");
+  EXPECT_EQ(config->ttl, Millis(12000));
+  EXPECT_FALSE(config->admin.has_value());
+  EXPECT_FALSE(config->allow_create);
+}
+
+TEST_F(ConfigTest, each_bad_value_is_refused_with_its_key_named) {
+  ConfigInput in = Input();
+  in.ranges = "9-1";
+  EXPECT_NE(Error(in).find("ranges: "), std::string::npos);
+  in = Input();
+  in.ranges = "0-100,50-200";
+  EXPECT_NE(Error(in).find("overlap"), std::string::npos);
+  in = Input();
+  in.ttl = "1s";
+  EXPECT_NE(Error(in).find("ttl: "), std::string::npos);
+  in = Input();
+  in.owner = " host";
+  EXPECT_NE(Error(in).find("owner: "), std::string::npos);
+  in = Input();
+  in.mode = "tenants";
+  EXPECT_NE(Error(in).find("mode: "), std::string::npos);
+  in = Input();
+  in.store = "etcd://x";
+  EXPECT_NE(Error(in).find("store: "), std::string::npos);
+  in = Input();
+  in.admin = "0.0.0.0:7878";
+  EXPECT_NE(Error(in).find("admin: "), std::string::npos);
+  in = Input();
+  in.admin = "127.0.0.1:70000";
+  EXPECT_NE(Error(in).find("admin: port '70000'"), std::string::npos);
+  in = Input();
+  in.backing = "relative/dir";
+  EXPECT_NE(Error(in).find("backing: 'relative/dir' must be an absolute path"), std::string::npos);
+  in = Input();
+  in.mountpoint = dir_.path().string() + "/missing";
+  EXPECT_NE(Error(in).find("mount: "), std::string::npos);
+  in = Input();
+  in.mountpoint = backing_;
+  EXPECT_NE(Error(in).find("must not contain each other"), std::string::npos);
+}
+
+TEST_F(ConfigTest, an_unknown_key_or_a_wrong_type_in_the_file_is_refused) {
+  ConfigInput in = Input();
+  in.config_file = WriteFile("backing = \"/x\"\nrange = \"0-1\"\n");
+  EXPECT_NE(Error(in).find("unknown key 'range'"), std::string::npos);
+  in.config_file = WriteFile("no_create = \"yes\"\n");
+  EXPECT_NE(Error(in).find("no_create: "), std::string::npos);
+  in.config_file = WriteFile("ranges = [1, 2]\n");
+  EXPECT_NE(Error(in).find("ranges: "), std::string::npos);
+  in.config_file = WriteFile("ttl = \n");
+  EXPECT_NE(Error(in).find("line 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fleetfs::agent

@@ -1,0 +1,232 @@
+#include "agent/report.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "lease/lease_ttl.h"
+
+namespace fleetfs::agent {
+
+using Json = nlohmann::json;
+using lease::RangeOutcome;
+
+std::string_view OutcomeKindName(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kClaimed: return "claimed";
+    case Outcome::kRenewed: return "renewed";
+    case Outcome::kLost: return "lost";
+    case Outcome::kWaiting: return "waiting";
+    case Outcome::kFailed: return "failed";
+    case Outcome::kCount: break;
+  }
+  return "unknown";
+}
+
+VfsSnapshot SnapshotOf(const vfs::VfsStats& stats, std::size_t open_handles) {
+  VfsSnapshot s;
+  for (std::size_t i = 0; i < vfs::kOpCount; ++i) {
+    s.ops[i] = stats.ops[i].load(std::memory_order_relaxed);
+    for (std::size_t j = 0; j < vfs::kErrKindCount; ++j) {
+      s.errors[i][j] = stats.errors[i][j].load(std::memory_order_relaxed);
+    }
+  }
+  s.fenced = stats.fenced.load(std::memory_order_relaxed);
+  s.fences = stats.fences.load(std::memory_order_relaxed);
+  s.handles_fenced = stats.handles_fenced.load(std::memory_order_relaxed);
+  s.open_handles = open_handles;
+  return s;
+}
+
+std::string RangeState(const lease::RangeStatus& status, std::string_view phase) {
+  if (phase == "stopped") return "stopped";
+  if (status.serving) return "serving";
+  switch (status.last) {
+    case RangeOutcome::kWaiting: return "waiting";
+    case RangeOutcome::kLost: return "lost";
+    case RangeOutcome::kNotYet: return "pending";
+    case RangeOutcome::kFailed:
+    case RangeOutcome::kTimedOut:
+    case RangeOutcome::kStillRunning: return status.epoch ? "lapsed" : "failed";
+    case RangeOutcome::kClaimed:
+    case RangeOutcome::kRenewed: return status.epoch ? "lapsed" : "pending";
+  }
+  return "pending";
+}
+
+namespace {
+
+bool CallFailed(const lease::RangeStatus& s) {
+  return s.last == RangeOutcome::kFailed || s.last == RangeOutcome::kTimedOut ||
+         s.last == RangeOutcome::kStillRunning;
+}
+
+std::string Seconds(Millis ms) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(3) << static_cast<double>(ms.count()) / 1000.0;
+  return out.str();
+}
+
+}  // namespace
+
+Json StatusJson(const AgentSnapshot& s) {
+  Json ranges = Json::array();
+  for (const RangeSnapshot& r : s.ranges) {
+    const lease::RangeStatus& st = r.status;
+    Json range = {
+        {"range", st.range.ToString()},
+        {"epoch", st.epoch ? Json(st.epoch->value()) : Json(nullptr)},
+        {"state", RangeState(st, s.phase)},
+        {"serving", st.serving},
+        {"lease_left_ms", st.lease_left.count()},
+        {"last_refresh", lease::OutcomeName(st.last)},
+        {"call_running", st.call_running},
+        {"fence_floor", st.fence_floor},
+        {"open_files", r.open_files},
+    };
+    if (st.serving) {
+      // On CLOCK_MONOTONIC, the clock every process of the host shares.
+      range["local_lease_end_monotonic_s"] =
+          s.monotonic_now_s +
+          std::chrono::duration<double>(st.valid_until - s.mono_now).count();
+    }
+    if (st.holder) {
+      range["held_by"] = {{"owner", st.holder->owner},
+                          {"range", st.holder->range.ToString()},
+                          {"until_ms", st.holder->lease_expires_ms},
+                          {"until", lease::FormatWallTime(st.holder->lease_expires_ms)}};
+    }
+    if (!st.failure.empty()) range["failure"] = st.failure;
+    ranges.push_back(std::move(range));
+  }
+  Json outcomes = Json::object();
+  for (std::size_t i = 0; i < s.outcomes.size(); ++i) {
+    outcomes[std::string(OutcomeKindName(static_cast<Outcome>(i)))] = s.outcomes[i];
+  }
+  Json doc = {
+      {"owner", s.owner},
+      {"store", s.store},
+      {"ttl_ms", s.ttl.count()},
+      {"ttl", lease::FormatDuration(s.ttl)},
+      {"mode", s.mode},
+      {"backing", s.backing},
+      {"mount", s.mountpoint},
+      {"admin", s.admin},
+      {"pid", s.pid},
+      {"phase", s.phase},
+      {"now_ms", s.now_ms},
+      {"monotonic_now_s", s.monotonic_now_s},
+      {"refreshes", s.refreshes},
+      {"refresh_outcomes", outcomes},
+      {"ranges", ranges},
+      {"open_files", s.vfs ? s.vfs->open_handles : 0},
+      {"fenced_operations", s.vfs ? s.vfs->fenced : 0},
+      {"replication", "not yet built: commits are not shipped to a replica"},
+  };
+  HttpResponse health = Health(s);
+  doc["health"] = {{"ok", health.status == 200}, {"reason", health.body}};
+  return doc;
+}
+
+std::string RangesText(const AgentSnapshot& s) {
+  std::ostringstream out;
+  for (const RangeSnapshot& r : s.ranges) {
+    const lease::RangeStatus& st = r.status;
+    out << st.range.ToString() << ' ' << RangeState(st, s.phase) << " epoch "
+        << (st.epoch ? st.epoch->ToString() : "-") << " lease_left " << Seconds(st.lease_left)
+        << "s open_files " << r.open_files;
+    if (st.holder) {
+      out << " held_by " << st.holder->owner << " until "
+          << lease::FormatWallTime(st.holder->lease_expires_ms);
+    }
+    out << '\n';
+  }
+  return out.str();
+}
+
+HttpResponse Health(const AgentSnapshot& s) {
+  auto unhealthy = [](std::string reason) {
+    return HttpResponse{503, "text/plain; charset=utf-8", reason + "\n"};
+  };
+  if (s.phase == "starting") return unhealthy("starting: the first claim has not answered");
+  if (s.phase == "draining" || s.phase == "stopping" || s.phase == "stopped") {
+    return unhealthy("stopping: the agent is shutting down");
+  }
+  for (const RangeSnapshot& r : s.ranges) {
+    const lease::RangeStatus& st = r.status;
+    const std::string name = "range " + st.range.ToString();
+    if (CallFailed(st)) {
+      return unhealthy(name + ": the store call failed: " + st.failure +
+                       (st.serving ? " (still serving on the local lease)" : ""));
+    }
+    if (st.serving || st.last == RangeOutcome::kWaiting) continue;
+    if (st.last == RangeOutcome::kLost) return unhealthy(name + " was lost to a newer epoch");
+    if (st.epoch) return unhealthy(name + " lapsed at epoch " + st.epoch->ToString());
+    return unhealthy(name + " is not claimed yet");
+  }
+  return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
+}
+
+std::string MetricsText(const AgentSnapshot& s) {
+  std::ostringstream out;
+  auto help = [&](std::string_view name, std::string_view type, std::string_view text) {
+    out << "# HELP " << name << ' ' << text << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  help("fleetfs_ranges_configured", "gauge", "Slot ranges this agent is configured to own.");
+  out << "fleetfs_ranges_configured " << s.ranges.size() << '\n';
+  std::size_t held = 0;
+  for (const auto& r : s.ranges) held += r.status.serving ? 1 : 0;
+  help("fleetfs_ranges_held", "gauge", "Slot ranges served now (a valid local lease).");
+  out << "fleetfs_ranges_held " << held << '\n';
+  help("fleetfs_range_epoch", "gauge", "Epoch held per range; 0 when none.");
+  for (const auto& r : s.ranges) {
+    out << "fleetfs_range_epoch{range=\"" << r.status.range.ToString() << "\"} "
+        << (r.status.epoch ? r.status.epoch->value() : 0) << '\n';
+  }
+  help("fleetfs_range_serving", "gauge", "1 while the range is served.");
+  for (const auto& r : s.ranges) {
+    out << "fleetfs_range_serving{range=\"" << r.status.range.ToString() << "\"} "
+        << (r.status.serving ? 1 : 0) << '\n';
+  }
+  help("fleetfs_range_lease_seconds_left", "gauge", "Local lease time left per range.");
+  for (const auto& r : s.ranges) {
+    out << "fleetfs_range_lease_seconds_left{range=\"" << r.status.range.ToString() << "\"} "
+        << Seconds(r.status.lease_left) << '\n';
+  }
+  help("fleetfs_range_open_files", "gauge", "Open file handles per range.");
+  for (const auto& r : s.ranges) {
+    out << "fleetfs_range_open_files{range=\"" << r.status.range.ToString() << "\"} "
+        << r.open_files << '\n';
+  }
+  help("fleetfs_refreshes_total", "counter", "Lease refreshes ended.");
+  out << "fleetfs_refreshes_total " << s.refreshes << '\n';
+  help("fleetfs_refresh_outcomes_total", "counter", "Range outcomes of refreshes, by kind.");
+  for (std::size_t i = 0; i < s.outcomes.size(); ++i) {
+    out << "fleetfs_refresh_outcomes_total{outcome=\"" << OutcomeKindName(static_cast<Outcome>(i))
+        << "\"} " << s.outcomes[i] << '\n';
+  }
+  VfsSnapshot v = s.vfs.value_or(VfsSnapshot{});
+  help("fleetfs_open_handles", "gauge", "Open file handles on the mount.");
+  out << "fleetfs_open_handles " << v.open_handles << '\n';
+  help("fleetfs_fenced_operations_total", "counter",
+       "Operations refused with ESTALE because their range is no longer served.");
+  out << "fleetfs_fenced_operations_total " << v.fenced << '\n';
+  help("fleetfs_fences_total", "counter", "Ranges fenced (lapse, loss, shutdown).");
+  out << "fleetfs_fences_total " << v.fences << '\n';
+  help("fleetfs_fuse_operations_total", "counter", "FUSE operations by kind.");
+  for (std::size_t i = 0; i < vfs::kOpCount; ++i) {
+    out << "fleetfs_fuse_operations_total{op=\"" << vfs::OpName(static_cast<vfs::Op>(i)) << "\"} "
+        << v.ops[i] << '\n';
+  }
+  help("fleetfs_fuse_errors_total", "counter", "FUSE operations answered with an error, by kind.");
+  for (std::size_t i = 0; i < vfs::kOpCount; ++i) {
+    for (std::size_t j = 0; j < vfs::kErrKindCount; ++j) {
+      if (v.errors[i][j] == 0) continue;
+      out << "fleetfs_fuse_errors_total{op=\"" << vfs::OpName(static_cast<vfs::Op>(i))
+          << "\",errno=\"" << vfs::ErrKindName(static_cast<vfs::ErrKind>(j)) << "\"} "
+          << v.errors[i][j] << '\n';
+    }
+  }
+  return out.str();
+}
+
+}  // namespace fleetfs::agent

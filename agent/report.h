@@ -1,0 +1,64 @@
+// What operators see of a running agent: the status document (served as
+// MOUNT/.fleetfs/status.json and /status), the ranges file, the Prometheus
+// metrics and the health answer. Pure functions of a snapshot.
+//
+// Thread-safety: pure; the snapshot is a value.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/admin_server.h"
+#include "lease/host_ownership.h"
+#include "vfs/vfs_stats.h"
+
+namespace fleetfs::agent {
+
+// Refresh outcomes counted since the agent started.
+enum class Outcome { kClaimed, kRenewed, kLost, kWaiting, kFailed, kCount };
+std::string_view OutcomeKindName(Outcome outcome);
+
+struct RangeSnapshot {
+  lease::RangeStatus status;
+  std::size_t open_files = 0;
+};
+
+struct VfsSnapshot {
+  std::array<std::uint64_t, vfs::kOpCount> ops{};
+  std::array<std::array<std::uint64_t, vfs::kErrKindCount>, vfs::kOpCount> errors{};
+  std::uint64_t fenced = 0;
+  std::uint64_t fences = 0;
+  std::uint64_t handles_fenced = 0;
+  std::size_t open_handles = 0;
+};
+VfsSnapshot SnapshotOf(const vfs::VfsStats& stats, std::size_t open_handles);
+
+struct AgentSnapshot {
+  std::string owner, store, mode, backing, mountpoint, admin, phase;
+  Millis ttl{0};
+  int pid = 0;
+  WallMs now_ms = 0;           // wall time of the snapshot
+  double monotonic_now_s = 0;  // CLOCK_MONOTONIC of the snapshot, to compare lease ends
+  MonoTime mono_now{};
+  std::vector<RangeSnapshot> ranges;
+  std::array<std::uint64_t, static_cast<std::size_t>(Outcome::kCount)> outcomes{};
+  std::uint64_t refreshes = 0;
+  std::optional<VfsSnapshot> vfs;  // nullopt before the mount
+};
+
+// "serving", "waiting", "lost", "failed", "lapsed", "pending" or "stopped".
+std::string RangeState(const lease::RangeStatus& status, std::string_view phase);
+
+nlohmann::json StatusJson(const AgentSnapshot& snapshot);
+std::string RangesText(const AgentSnapshot& snapshot);
+std::string MetricsText(const AgentSnapshot& snapshot);
+// 200 while every configured range is served or waiting; 503 naming the
+// first range whose store call failed, whose lease lapsed, or that was lost.
+HttpResponse Health(const AgentSnapshot& snapshot);
+
+}  // namespace fleetfs::agent

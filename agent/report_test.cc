@@ -1,0 +1,88 @@
+#include "agent/report.h"
+
+#include <gtest/gtest.h>
+
+namespace fleetfs::agent {
+namespace {
+
+using lease::Epoch;
+using lease::RangeOutcome;
+using lease::RangeStatus;
+using lease::SlotRange;
+
+RangeSnapshot Range(const char* text, RangeOutcome last, bool serving, std::uint64_t epoch = 0) {
+  RangeStatus st;
+  st.range = *SlotRange::Parse(text);
+  st.last = last;
+  st.serving = serving;
+  if (epoch != 0) st.epoch = Epoch(epoch);
+  if (serving) st.lease_left = Millis(15000);
+  return RangeSnapshot{st, 2};
+}
+
+AgentSnapshot Snapshot(std::vector<RangeSnapshot> ranges) {
+  AgentSnapshot s;
+  s.owner = "host-a";
+  s.store = "sqlite:///c.db";
+  s.phase = "serving";
+  s.ttl = Millis(30000);
+  s.ranges = std::move(ranges);
+  return s;
+}
+
+TEST(Health, is_ok_while_every_range_is_served_or_waiting) {
+  auto waiting = Range("100-199", RangeOutcome::kWaiting, false);
+  waiting.status.holder = lease::Held{*SlotRange::Parse("100-199"), "host-b", 1000};
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3), waiting});
+  EXPECT_EQ(Health(s).status, 200);
+}
+
+TEST(Health, fails_naming_the_range_when_a_store_call_failed_even_while_still_serving) {
+  auto failing = Range("0-99", RangeOutcome::kTimedOut, true, 3);
+  failing.status.failure = "the store call timed out";
+  HttpResponse h = Health(Snapshot({failing}));
+  EXPECT_EQ(h.status, 503);
+  EXPECT_NE(h.body.find("range 0-99: the store call failed: the store call timed out"),
+            std::string::npos);
+}
+
+TEST(Health, fails_when_a_held_range_lapsed_or_was_lost_or_the_agent_stops) {
+  HttpResponse lapsed = Health(Snapshot({Range("0-99", RangeOutcome::kRenewed, false, 3)}));
+  EXPECT_EQ(lapsed.status, 503);
+  EXPECT_NE(lapsed.body.find("range 0-99 lapsed at epoch 3"), std::string::npos);
+  HttpResponse lost = Health(Snapshot({Range("0-99", RangeOutcome::kLost, false)}));
+  EXPECT_NE(lost.body.find("was lost"), std::string::npos);
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.phase = "draining";
+  EXPECT_EQ(Health(s).status, 503);
+}
+
+TEST(Report, status_and_metrics_name_each_range_with_its_epoch_state_and_lease) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 7),
+                     Range("100-199", RangeOutcome::kWaiting, false)});
+  s.outcomes[static_cast<std::size_t>(Outcome::kRenewed)] = 4;
+  VfsSnapshot v;
+  v.fenced = 5;
+  v.ops[static_cast<std::size_t>(vfs::Op::kWrite)] = 11;
+  v.errors[static_cast<std::size_t>(vfs::Op::kWrite)][static_cast<std::size_t>(vfs::ErrKind::kEstale)] = 5;
+  s.vfs = v;
+  nlohmann::json doc = StatusJson(s);
+  EXPECT_EQ(doc["ranges"][0]["state"], "serving");
+  EXPECT_EQ(doc["ranges"][0]["epoch"], 7);
+  EXPECT_EQ(doc["ranges"][0]["lease_left_ms"], 15000);
+  EXPECT_EQ(doc["ranges"][1]["state"], "waiting");
+  EXPECT_TRUE(doc["ranges"][1]["epoch"].is_null());
+  std::string metrics = MetricsText(s);
+  for (const char* line :
+       {"fleetfs_ranges_held 1\n", "fleetfs_range_epoch{range=\"0-99\"} 7\n",
+        "fleetfs_range_lease_seconds_left{range=\"0-99\"} 15.000\n",
+        "fleetfs_refresh_outcomes_total{outcome=\"renewed\"} 4\n",
+        "fleetfs_fenced_operations_total 5\n", "fleetfs_fuse_operations_total{op=\"write\"} 11\n",
+        "fleetfs_fuse_errors_total{op=\"write\",errno=\"ESTALE\"} 5\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line;
+  }
+  EXPECT_NE(RangesText(s).find("0-99 serving epoch 7"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fleetfs::agent

@@ -110,6 +110,8 @@ class Agent {
   std::atomic<Phase> phase_{Phase::kStarting};
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Outcome::kCount)> outcomes_{};
   std::atomic<std::uint64_t> refreshes_{0};
+  std::mutex failures_mu_;  // guards last_failures_; the report listener runs on any thread
+  std::map<SlotRange, std::string> last_failures_;
 };
 
 // ---- store calls on the thread pool ----
@@ -442,9 +444,19 @@ int Agent::Run(std::ostream& err) {
       spdlog::info("claimed range {} at epoch {}", range.ToString(), epoch.value());
     }
     for (const auto& range : report.lost) spdlog::warn("lost range {}", range.ToString());
+    // A failing store fails every refresh: say so when the reason changes.
+    std::lock_guard lock(failures_mu_);
+    std::map<SlotRange, std::string> failing;
     for (const auto& [range, why] : report.failed) {
-      spdlog::warn("range {}: {}", range.ToString(), why);
+      if (last_failures_[range] != why) spdlog::warn("range {}: {}", range.ToString(), why);
+      failing[range] = why;
     }
+    for (const auto& [range, why] : last_failures_) {
+      if (!why.empty() && failing.count(range) == 0) {
+        spdlog::info("range {}: the store answers again", range.ToString());
+      }
+    }
+    last_failures_ = std::move(failing);
   });
 
   if (config_.admin) {

@@ -216,6 +216,7 @@ class FleetFs::Impl {
   }
 
   void QueueFence(FenceJob job);
+  void StaleWalIndex(fuse_ino_t ino);
   void FenceLoop();
   void RunFence(const FenceJob& job);
 
@@ -441,7 +442,7 @@ void FleetFs::Impl::RunFence(const FenceJob& job) {
       for (const ServedRange& r : job.ranges) {
         if (inode->file.slot >= r.first && inode->file.slot <= r.last) {
           // Dropping the -shm pages would unmap SQLite's shared memory under
-          // a fenced process (SIGBUS); its file operations fail instead.
+          // a fenced process (SIGBUS); its header is made stale instead.
           targets.push_back({ino, kFirstBucketIno + static_cast<fuse_ino_t>(inode->bucket),
                              inode->name, inode->file.role != FileRole::kShm});
           break;
@@ -451,7 +452,11 @@ void FleetFs::Impl::RunFence(const FenceJob& job) {
   }
   for (const Target& t : targets) {
     fuse_lowlevel_notify_inval_entry(session_, t.parent, t.name.c_str(), t.name.size());
-    if (t.drop_pages) fuse_lowlevel_notify_inval_inode(session_, t.ino, 0, 0);
+    if (t.drop_pages) {
+      fuse_lowlevel_notify_inval_inode(session_, t.ino, 0, 0);
+    } else {
+      StaleWalIndex(t.ino);
+    }
   }
   for (const auto& [parent, name] : job.entries) {
     fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
@@ -468,6 +473,26 @@ void FleetFs::Impl::RunFence(const FenceJob& job) {
                    targets.size(), took.count());
     }
   }
+}
+
+// A WAL reader whose wal-index header is unchanged reads from its own cache
+// and the -shm mapping, without one file operation, so a fence alone would
+// not stop it. Zeroing both header copies in the kernel's cached page (not in
+// the backing file, which stays as it was) makes every connection's next
+// transaction recover the index from the -wal file, and that read fails with
+// ESTALE. A connection of a later serving period recovers it correctly.
+void FleetFs::Impl::StaleWalIndex(fuse_ino_t ino) {
+  constexpr std::size_t kWalIndexHeaders = 2 * 48;
+  auto inode = FindInode(ino);
+  struct stat st;
+  if (inode == nullptr || ::fstat(inode->path_fd.get(), &st) != 0 ||
+      st.st_size < static_cast<off_t>(kWalIndexHeaders)) {
+    return;  // nothing cached that a reader could trust, and the size must not grow
+  }
+  static const char kZeros[kWalIndexHeaders] = {};
+  fuse_bufvec buf = FUSE_BUFVEC_INIT(kWalIndexHeaders);
+  buf.buf[0].mem = const_cast<char*>(kZeros);
+  fuse_lowlevel_notify_store(session_, ino, 0, &buf, static_cast<fuse_buf_copy_flags>(0));
 }
 
 // ---- inodes and attributes ----

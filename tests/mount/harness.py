@@ -1,0 +1,176 @@
+"""Real-mount test harness: agents started as the user runs them, real clients.
+
+Each test gets its own directory under /tmp, a time limit (SIGALRM), and a
+teardown that ends its agents and detaches their mounts even when the test
+fails. Agents run the built binary named by FLEETFS_BINARY.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+BINARY = os.environ.get("FLEETFS_BINARY", "")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slots(*keys):
+    """fleetfs slot --json for the keys: {key: {slot, bucket, tenant_path, slot_path}}."""
+    out = subprocess.run([BINARY, "slot", "--json", "--", *keys], check=True,
+                         capture_output=True, text=True).stdout
+    return {row["key"]: row for row in json.loads(out)}
+
+
+def tenants_in(first, last, count, prefix="t"):
+    """`count` tenant ids whose slots lie in first..last."""
+    found, i = [], 0
+    while len(found) < count:
+        batch = [f"{prefix}{n}" for n in range(i, i + 400)]
+        i += 400
+        for key, row in slots(*batch).items():
+            if first <= row["slot"] <= last and len(found) < count:
+                found.append(key)
+    return found
+
+
+def wait_for(predicate, timeout, what, poll=0.01, on_fail=None):
+    """Polls until predicate() is true; returns the monotonic time it was."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return time.monotonic()
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            extra = on_fail() if on_fail else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{extra}")
+        time.sleep(poll)
+
+
+class Agent:
+    """One `fleetfs mount` process with its own backing directory and mount."""
+
+    def __init__(self, root, name, store, owner, ranges="0-16383", ttl="3s", extra=()):
+        self.name = name
+        self.dir = os.path.join(root, name)
+        self.backing = os.path.join(self.dir, "backing")
+        self.mount = os.path.join(self.dir, "mnt")
+        self.log_path = os.path.join(self.dir, "agent.log")
+        os.makedirs(self.backing, exist_ok=True)
+        os.makedirs(self.mount, exist_ok=True)
+        self.store, self.owner, self.ranges, self.ttl = store, owner, ranges, ttl
+        self.extra = list(extra)
+        self.admin_port = free_port()
+        self.proc = None
+
+    def argv(self):
+        return [BINARY, "mount", "--backing", self.backing, "--mount", self.mount,
+                "--store", self.store, "--owner", self.owner, "--ranges", self.ranges,
+                "--ttl", self.ttl, "--admin", f"127.0.0.1:{self.admin_port}", *self.extra]
+
+    def start(self):
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def log_tail(self):
+        return f"--- {self.name} log ---\n" + "\n".join(self.log().splitlines()[-40:])
+
+    def status(self):
+        with open(os.path.join(self.mount, ".fleetfs", "status.json")) as f:
+            return json.load(f)
+
+    def states(self):
+        return [r["state"] for r in self.status()["ranges"]]
+
+    def wait_states(self, state, timeout=15):
+        def ok():
+            if not self.running():
+                raise AssertionError(f"agent {self.name} exited ({self.proc.returncode})\n"
+                                     + self.log_tail())
+            return self.states() and all(s == state for s in self.states())
+        return wait_for(ok, timeout, f"{self.name}: every range {state}",
+                        on_fail=self.log_tail)
+
+    def http(self, path):
+        url = f"http://127.0.0.1:{self.admin_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agent {self.name} did not stop\n" + self.log_tail())
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def cleanup(self):
+        if self.running():
+            self.proc.kill()
+            self.proc.wait(10)
+        subprocess.run(["umount", "-l", self.mount], capture_output=True)
+
+
+class MountTest(unittest.TestCase):
+    TIME_LIMIT = 180
+
+    def setUp(self):
+        if not BINARY or not os.access(BINARY, os.X_OK):
+            self.fail("FLEETFS_BINARY must name the built fleetfs binary")
+        self.root = tempfile.mkdtemp(prefix="fleetfs-it-", dir="/tmp")
+        os.chmod(self.root, 0o755)
+        self.agents = []
+        self.addCleanup(self._teardown)
+
+        def on_alarm(signum, frame):
+            raise TimeoutError(f"{self.id()} ran past its {self.TIME_LIMIT}s limit")
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.alarm(self.TIME_LIMIT)
+
+    def _teardown(self):
+        signal.alarm(0)
+        for agent in self.agents:
+            agent.cleanup()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def store(self):
+        return f"sqlite://{self.root}/control.db"
+
+    def agent(self, name="a", owner=None, **kwargs):
+        a = Agent(self.root, name, self.store, owner or f"host-{name}", **kwargs)
+        self.agents.append(a)
+        return a
+
+    def fail_with_logs(self, message):
+        self.fail(message + "\n" + "\n".join(a.log_tail() for a in self.agents))

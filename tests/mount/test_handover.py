@@ -1,0 +1,96 @@
+"""Two agents on two backing directories share one control database."""
+import os
+import signal
+import sqlite3
+import time
+import unittest
+
+from harness import MountTest, slots, tenants_in, wait_for
+
+TTL_S = 3
+REFRESH_S = TTL_S / 3
+# Scheduling slack on a loaded 2-core machine, stated once.
+SLACK_S = 0.5
+
+
+def store_expiry_ms(control_db):
+    db = sqlite3.connect(control_db)
+    try:
+        rows = db.execute("SELECT owner_id, lease_expires_ms FROM fleetfs_slot_owners").fetchall()
+    finally:
+        db.close()
+    return rows
+
+
+def wall_ms():
+    return int(time.time() * 1000)
+
+
+class Handover(MountTest):
+    def start_pair(self):
+        a = self.agent("a", ttl=f"{TTL_S}s").start()
+        a.wait_states("serving")
+        b = self.agent("b", ttl=f"{TTL_S}s").start()
+        b.wait_states("waiting")
+        held = b.status()["ranges"][0]["held_by"]
+        self.assertEqual(held["owner"], "host-a")
+        # B serves nothing: every tenant name is hidden there.
+        tenant = tenants_in(0, 16383, 1, prefix="ho")[0]
+        rel = slots(tenant)[tenant]["tenant_path"]
+        db = sqlite3.connect(os.path.join(a.mount, rel))
+        db.execute("CREATE TABLE t(x)")
+        db.commit()
+        db.close()
+        self.assertFalse(os.path.exists(os.path.join(b.mount, rel)))
+        return a, b, rel
+
+    def test_sigterm_releases_and_the_waiting_agent_serves_within_one_refresh_interval(self):
+        a, b, rel = self.start_pair()
+        self.assertEqual(a.stop(signal.SIGTERM), 0)
+        stopped = time.monotonic()
+        self.assertIn("released 1 ranges", a.log())
+        served = b.wait_states("serving", timeout=10)
+        took = served - stopped
+        print(f"\nB served {took * 1000:.0f} ms after A exited (refresh interval "
+              f"{REFRESH_S * 1000:.0f} ms)")
+        self.assertLess(took, REFRESH_S + SLACK_S)
+        # A's mount is gone; B's epoch is newer than A's was.
+        self.assertFalse(os.path.ismount(a.mount))
+        self.assertGreater(b.status()["ranges"][0]["epoch"], 1)
+        # A name B now serves is visible at once, though B looked it up while
+        # it was hidden (no negative entry outlives the claim).
+        fd = os.open(os.path.join(b.mount, rel), os.O_CREAT | os.O_RDWR, 0o644)
+        os.close(fd)
+        self.assertTrue(os.path.exists(os.path.join(b.mount, rel)))
+
+    def test_after_kill_9_the_waiting_agent_serves_only_once_the_store_lease_ended(self):
+        a, b, rel = self.start_pair()
+        # Make B look the name up while it is hidden, so a cached negative
+        # entry would show.
+        self.assertFalse(os.path.exists(os.path.join(b.mount, rel)))
+        a.kill9()
+        rows = store_expiry_ms(os.path.join(self.root, "control.db"))
+        self.assertEqual(len(rows), 1)
+        self.assertEqual(rows[0][0], "host-a")
+        expiry = rows[0][1]
+        wait_for(lambda: b.states() == ["serving"], timeout=TTL_S + 5,
+                 what="B to serve after A's lease ended", poll=0.005, on_fail=b.log_tail)
+        served_ms = wall_ms()
+        print(f"\nB served {served_ms - expiry} ms after A's store lease ended")
+        self.assertGreaterEqual(served_ms, expiry, "B served before A's lease ended")
+        self.assertLess(served_ms - expiry, (REFRESH_S + SLACK_S) * 1000)
+        # A's mount is stale now: the kernel answers ENOTCONN.
+        with self.assertRaises(OSError):
+            os.stat(os.path.join(a.mount, "000"))
+
+        # A restarts on the same directories: it cleans up its stale mount and waits.
+        a.start()
+        a.wait_states("waiting")
+        self.assertIn("cleaned up the stale mount", a.log())
+        self.assertEqual(a.status()["ranges"][0]["held_by"]["owner"], "host-b")
+        self.assertFalse(os.path.exists(os.path.join(a.mount, rel)))
+        self.assertTrue(os.path.isfile(os.path.join(a.backing, rel)))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -977,8 +977,13 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   if (ino == kStatusIno || ino == kRangesIno) {
     const std::string& c = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh))->content;
     size_t start = std::min(static_cast<size_t>(off), c.size());
+    // The reply is sent from a copy: once the kernel has it, the reader may
+    // close the file and its release may free the handle while this thread
+    // is still returning from the write to /dev/fuse.
+    thread_local std::string chunk;
+    chunk.assign(c, start, std::min(size, c.size() - start));
     self.stats_.Count(Op::kRead);
-    fuse_reply_buf(req, c.data() + start, std::min(size, c.size() - start));
+    fuse_reply_buf(req, chunk.data(), chunk.size());
     return;
   }
   FileHandle* h = HandleOf(fi);

@@ -135,6 +135,9 @@ class Agent:
         self.proc.wait(10)
 
     def cleanup(self):
+        if os.environ.get("FLEETFS_KEEP_LOGS"):  # for debugging a failed run
+            shutil.copy(self.log_path, os.path.join(os.environ["FLEETFS_KEEP_LOGS"],
+                                                    f"{self.name}-{os.getpid()}.log"))
         if self.running():
             self.proc.kill()
             self.proc.wait(10)

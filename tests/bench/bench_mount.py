@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""fleetfs mount benchmark: the same SQLite workloads direct on the backing
+disk and through the mount, in one run, interleaved; prints ratios (mount /
+direct, higher is better) and the FUSE requests each transaction costs.
+
+Not a test: it asserts nothing about speed. Usage (as root):
+  python3 tests/bench/bench_mount.py --binary build/agent/fleetfs [--rounds 5]
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    ops = {}
+    for line in text.splitlines():
+        if line.startswith("fleetfs_fuse_operations_total{"):
+            op = line.split('"')[1]
+            ops[op] = int(line.split()[-1])
+    return ops
+
+
+def inserts(path, journal_mode, synchronous, count):
+    """Single-row insert transactions per second."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(f"PRAGMA journal_mode={journal_mode}")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    db.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v TEXT)")
+    started = time.perf_counter()
+    for i in range(count):
+        db.execute("INSERT INTO t(v) VALUES (?)", ("x" * 100,))
+    took = time.perf_counter() - started
+    db.close()
+    return count / took
+
+
+def build_big(path, megabytes):
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE big(id INTEGER PRIMARY KEY, pad BLOB)")
+    rows = megabytes * 1000
+    db.execute("BEGIN")
+    for i in range(rows):
+        db.execute("INSERT INTO big(pad) VALUES (randomblob(1000))")
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return rows
+
+
+def drop_caches():
+    subprocess.run(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def point_selects(path, rows, count, cold):
+    if cold:
+        drop_caches()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA cache_size=-1024")  # 1 MB: the pages are not in SQLite's cache
+    rng = random.Random(7)
+    started = time.perf_counter()
+    for _ in range(count):
+        db.execute("SELECT length(pad) FROM big WHERE id=?", (rng.randint(1, rows),)).fetchone()
+    took = time.perf_counter() - started
+    db.close()
+    return count / took
+
+
+def full_scan(path, cold):
+    if cold:
+        drop_caches()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA cache_size=-1024")
+    size = os.path.getsize(path)
+    started = time.perf_counter()
+    db.execute("SELECT sum(length(pad)) FROM big").fetchone()
+    took = time.perf_counter() - started
+    db.close()
+    return size / took / 1e6  # MB/s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--binary", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--megabytes", type=int, default=100)
+    ap.add_argument("--dir", default="/var/tmp", help="where to make the work directory "
+                    "(the same disk for both sides)")
+    args = ap.parse_args()
+
+    root = tempfile.mkdtemp(prefix="fleetfs-bench-", dir=args.dir)
+    direct = os.path.join(root, "direct")
+    backing = os.path.join(root, "backing")
+    mount = os.path.join(root, "mnt")
+    for d in (direct, backing, mount):
+        os.makedirs(d)
+    port = free_port()
+    log = open(os.path.join(root, "agent.log"), "wb")
+    agent = subprocess.Popen([args.binary, "mount", "--backing", backing, "--mount", mount,
+                              "--store", f"sqlite://{root}/control.db", "--owner", "bench",
+                              "--ttl", "30s", "--admin", f"127.0.0.1:{port}"],
+                             stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with open(os.path.join(mount, ".fleetfs", "status.json")) as f:
+                    if json.load(f)["ranges"][0]["state"] == "serving":
+                        break
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                sys.exit("the agent did not start serving; see " + log.name)
+            time.sleep(0.05)
+        def paths(name):
+            # One tenant per workload and round, at its own bucket path.
+            r = json.loads(subprocess.run([args.binary, "slot", "--json", name],
+                                          capture_output=True, text=True,
+                                          check=True).stdout)[0]["tenant_path"]
+            os.makedirs(os.path.join(direct, r.split("/")[0]), exist_ok=True)
+            return os.path.join(direct, r), os.path.join(mount, r)
+
+        results = []
+        workloads = [
+            ("WAL, synchronous=FULL, 1-row insert txn/s", "wal", "FULL", 1500),
+            ("WAL, synchronous=NORMAL, 1-row insert txn/s", "wal", "NORMAL", 8000),
+            ("rollback journal, synchronous=FULL, 1-row insert txn/s", "delete", "FULL", 600),
+            ("rollback journal, synchronous=NORMAL, 1-row insert txn/s", "delete", "NORMAL", 1500),
+        ]
+        for title, mode, sync, count in workloads:
+            d_rates, m_rates, requests = [], [], {}
+            for r in range(args.rounds):
+                dpath, mpath = paths(f"w-{mode}-{sync.lower()}-{r}")
+                d_rates.append(inserts(dpath, mode, sync, count))
+                before = metrics(port)
+                m_rates.append(inserts(mpath, mode, sync, count))
+                after = metrics(port)
+                for op in after:
+                    requests.setdefault(op, []).append((after[op] - before.get(op, 0)) / count)
+            per_txn = {op: statistics.median(v) for op, v in requests.items()
+                       if statistics.median(v) >= 0.05}
+            results.append((title, statistics.median(d_rates), statistics.median(m_rates),
+                            per_txn))
+
+        # Reads on a 100 MB database whose pages are not in SQLite's cache.
+        dbig, mbig = paths("big")
+        rows = build_big(dbig, args.megabytes)
+        build_big(mbig, args.megabytes)
+        for title, fn in [
+            ("point selects/s, page cache warm", lambda p: point_selects(p, rows, 20000, False)),
+            ("point selects/s, page cache dropped", lambda p: point_selects(p, rows, 3000, True)),
+            ("full scan MB/s, page cache warm", lambda p: full_scan(p, False)),
+            ("full scan MB/s, page cache dropped", lambda p: full_scan(p, True)),
+        ]:
+            d, m = [], []
+            for _ in range(args.rounds):
+                d.append(fn(dbig))
+                m.append(fn(mbig))
+            results.append((title, statistics.median(d), statistics.median(m), {}))
+
+        print(f"fleetfs mount benchmark: {args.rounds} interleaved rounds, medians; "
+              f"{os.cpu_count()} CPUs; kernel {os.uname().release}; SQLite {sqlite3.sqlite_version}")
+        print(f"{'workload':58} {'direct':>10} {'mount':>10} {'ratio':>6}")
+        for title, d, m, per_txn in results:
+            print(f"{title:58} {d:10.0f} {m:10.0f} {m / d:6.2f}")
+        print("\nFUSE requests per transaction through the mount (median):")
+        for title, d, m, per_txn in results:
+            if per_txn:
+                ops = ", ".join(f"{op} {n:.1f}" for op, n in sorted(per_txn.items(),
+                                                                   key=lambda kv: -kv[1]))
+                print(f"  {title}: {sum(per_txn.values()):.1f} = {ops}")
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            subprocess.run(["umount", "-l", mount])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds fleetfs and runs it on the embedded default: a SQLite control
-# database under /var/lib/fleetfs/demo, with every slot claimed by this host.
-# (The FUSE mount arrives with the next release; until then the demo is the
-# ownership table itself.)
+# Builds fleetfs and runs the agent on the embedded default: a SQLite control
+# database and a demo volume under /var/lib/fleetfs/demo, every slot owned by
+# this host, the fleet root mounted at /mnt/fleet. Runs in the foreground
+# until Ctrl-C (or SIGTERM), which stops the agent cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash packaging/install-deps.sh
@@ -10,31 +10,49 @@ bash packaging/build.sh >/dev/null
 fleetfs=$PWD/build/agent/fleetfs
 
 demo=/var/lib/fleetfs/demo
-mkdir -p "$demo"
-store="sqlite://$demo/control.db"
-owner=$(hostname)
+mount=/mnt/fleet
+admin=127.0.0.1:7878
+mkdir -p "$demo/volume" "$mount"
+# Any local user may create tenants in the demo; each file belongs to its creator.
+chmod 1777 "$demo/volume"
 
-echo "== claim every slot for '$owner' on $store"
-status=0
-"$fleetfs" lease claim --store "$store" --owner "$owner" --range 0-16383 --ttl 60s || status=$?
-if [ "$status" -eq 3 ]; then
-  echo "(another owner holds the slots in this demo database; see the table below)"
-elif [ "$status" -ne 0 ]; then
-  exit "$status"
-fi
-echo
-echo "== the ownership table"
-"$fleetfs" lease ls --store "$store"
-epoch=$("$fleetfs" lease ls --store "$store" --json |
-  python3 -c 'import json,sys; rows=json.load(sys.stdin)["rows"]; print(rows[0]["epoch"] if rows else "N")')
-echo
-echo "== where tenants live"
-"$fleetfs" slot acme globex '{user1000}.following'
+"$fleetfs" mount --backing "$demo/volume" --mount "$mount" \
+  --store "sqlite://$demo/control.db" --owner "$(hostname)" --ranges 0-16383 \
+  --ttl 30s --admin "$admin" 2>&1 | sed -u 's/^/[agent] /' &
+pipeline=$!
+agent_pid() { pgrep -f -- "fleetfs mount --backing $demo/volume" | head -1; }
+stop() {
+  pid=$(agent_pid || true)
+  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null || true
+  wait "$pipeline" || true
+}
+trap 'stop; exit 0' INT TERM
+
+for _ in $(seq 1 100); do
+  if [ -r "$mount/.fleetfs/status.json" ] &&
+     grep -q '"state": "serving"' "$mount/.fleetfs/status.json" 2>/dev/null; then
+    break
+  fi
+  if ! kill -0 "$pipeline" 2>/dev/null; then
+    echo "demo: the agent did not start (see its messages above)" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+
+tenant_path=$("$fleetfs" slot --mode tenant acme | awk 'NR==2 {print $NF}')
 cat <<MSG
 
-fleetfs is built at $fleetfs. Try:
-  $fleetfs --help
-  $fleetfs lease ls --store $store --json
-  $fleetfs lease renew --store $store --owner $owner --range 0-16383 --epoch $epoch
-  $fleetfs lease release --store $store --owner $owner --range 0-16383 --epoch $epoch
+== fleetfs is serving every slot at $mount (backing $demo/volume)
+$("$fleetfs" status "$mount")
+
+Open a tenant through the mount with any SQLite client, for example:
+  sqlite3 $mount/$tenant_path "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS notes(t); INSERT INTO notes VALUES ('hello'); SELECT * FROM notes;"
+  python3 -c "import sqlite3; print(sqlite3.connect('$mount/$tenant_path').execute('SELECT * FROM notes').fetchall())"
+Where a tenant lives:   $fleetfs slot --mode tenant globex
+Agent state:            $fleetfs status $mount    (or: curl http://$admin/health /status /metrics)
+Use the mount only: nothing else may touch $demo/volume while the agent runs.
+
+Ctrl-C stops the agent: it fences open files, releases its slots and unmounts.
 MSG
+wait "$pipeline"

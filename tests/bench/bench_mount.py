@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """fleetfs mount benchmark: the same SQLite workloads direct on the backing
-disk and through the mount, in one run, interleaved; prints ratios (mount /
-direct, higher is better) and the FUSE requests each transaction costs.
+disk, through a minimal write-through passthrough (the floor any FUSE file
+system pays), and through fleetfs, in one run, interleaved; prints rates,
+ratios (higher is better) and the FUSE requests each transaction costs.
 
 Not a test: it asserts nothing about speed. Usage (as root):
-  python3 tests/bench/bench_mount.py --binary build/agent/fleetfs [--rounds 5]
+  python3 tests/bench/bench_mount.py --binary build/agent/fleetfs \
+      --passthrough build/tests/min_passthrough [--rounds 5]
 """
 import argparse
 import json
@@ -103,6 +105,7 @@ def full_scan(path, cold):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--binary", required=True)
+    ap.add_argument("--passthrough", required=True, help="the min_passthrough binary")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--megabytes", type=int, default=100)
     ap.add_argument("--dir", default="/var/tmp", help="where to make the work directory "
@@ -113,8 +116,13 @@ def main():
     direct = os.path.join(root, "direct")
     backing = os.path.join(root, "backing")
     mount = os.path.join(root, "mnt")
-    for d in (direct, backing, mount):
+    pt_backing = os.path.join(root, "pt-backing")
+    pt_mount = os.path.join(root, "pt-mnt")
+    for d in (direct, backing, mount, pt_backing, pt_mount):
         os.makedirs(d)
+    for b in range(256):
+        os.makedirs(os.path.join(pt_backing, f"{b:03d}"))
+    passthrough = subprocess.Popen([args.passthrough, pt_backing, pt_mount])
     port = free_port()
     log = open(os.path.join(root, "agent.log"), "wb")
     agent = subprocess.Popen([args.binary, "mount", "--backing", backing, "--mount", mount,
@@ -139,8 +147,10 @@ def main():
                                           capture_output=True, text=True,
                                           check=True).stdout)[0]["tenant_path"]
             os.makedirs(os.path.join(direct, r.split("/")[0]), exist_ok=True)
-            return os.path.join(direct, r), os.path.join(mount, r)
+            return [os.path.join(direct, r), os.path.join(pt_mount, r), os.path.join(mount, r)]
 
+        while not os.path.ismount(pt_mount):
+            time.sleep(0.05)
         results = []
         workloads = [
             ("WAL, synchronous=FULL, 1-row insert txn/s", "wal", "FULL", 1500),
@@ -149,43 +159,45 @@ def main():
             ("rollback journal, synchronous=NORMAL, 1-row insert txn/s", "delete", "NORMAL", 1500),
         ]
         for title, mode, sync, count in workloads:
-            d_rates, m_rates, requests = [], [], {}
+            rates, requests = [[], [], []], {}
             for r in range(args.rounds):
-                dpath, mpath = paths(f"w-{mode}-{sync.lower()}-{r}")
-                d_rates.append(inserts(dpath, mode, sync, count))
+                where = paths(f"w-{mode}-{sync.lower()}-{r}")
+                rates[0].append(inserts(where[0], mode, sync, count))
+                rates[1].append(inserts(where[1], mode, sync, count))
                 before = metrics(port)
-                m_rates.append(inserts(mpath, mode, sync, count))
+                rates[2].append(inserts(where[2], mode, sync, count))
                 after = metrics(port)
                 for op in after:
                     requests.setdefault(op, []).append((after[op] - before.get(op, 0)) / count)
             per_txn = {op: statistics.median(v) for op, v in requests.items()
                        if statistics.median(v) >= 0.05}
-            results.append((title, statistics.median(d_rates), statistics.median(m_rates),
-                            per_txn))
+            results.append((title, [statistics.median(x) for x in rates], per_txn))
 
         # Reads on a 100 MB database whose pages are not in SQLite's cache.
-        dbig, mbig = paths("big")
-        rows = build_big(dbig, args.megabytes)
-        build_big(mbig, args.megabytes)
+        big = paths("big")
+        rows = build_big(big[0], args.megabytes)
+        build_big(big[1], args.megabytes)
+        build_big(big[2], args.megabytes)
         for title, fn in [
             ("point selects/s, page cache warm", lambda p: point_selects(p, rows, 20000, False)),
             ("point selects/s, page cache dropped", lambda p: point_selects(p, rows, 3000, True)),
             ("full scan MB/s, page cache warm", lambda p: full_scan(p, False)),
             ("full scan MB/s, page cache dropped", lambda p: full_scan(p, True)),
         ]:
-            d, m = [], []
+            rates = [[], [], []]
             for _ in range(args.rounds):
-                d.append(fn(dbig))
-                m.append(fn(mbig))
-            results.append((title, statistics.median(d), statistics.median(m), {}))
+                for side in range(3):
+                    rates[side].append(fn(big[side]))
+            results.append((title, [statistics.median(x) for x in rates], {}))
 
         print(f"fleetfs mount benchmark: {args.rounds} interleaved rounds, medians; "
               f"{os.cpu_count()} CPUs; kernel {os.uname().release}; SQLite {sqlite3.sqlite_version}")
-        print(f"{'workload':58} {'direct':>10} {'mount':>10} {'ratio':>6}")
-        for title, d, m, per_txn in results:
-            print(f"{title:58} {d:10.0f} {m:10.0f} {m / d:6.2f}")
-        print("\nFUSE requests per transaction through the mount (median):")
-        for title, d, m, per_txn in results:
+        print(f"{'workload':56} {'direct':>8} {'minpt':>8} {'fleetfs':>8}  "
+              f"{'minpt/d':>7} {'fleetfs/d':>9} {'fleetfs/minpt':>13}")
+        for title, (d, p, m), per_txn in results:
+            print(f"{title:56} {d:8.0f} {p:8.0f} {m:8.0f}  {p / d:7.2f} {m / d:9.2f} {m / p:13.2f}")
+        print("\nFUSE requests per transaction through fleetfs (median):")
+        for title, _, per_txn in results:
             if per_txn:
                 ops = ", ".join(f"{op} {n:.1f}" for op, n in sorted(per_txn.items(),
                                                                    key=lambda kv: -kv[1]))
@@ -197,6 +209,12 @@ def main():
         except subprocess.TimeoutExpired:
             agent.kill()
             subprocess.run(["umount", "-l", mount])
+        subprocess.run(["umount", pt_mount])
+        try:
+            passthrough.wait(10)
+        except subprocess.TimeoutExpired:
+            passthrough.kill()
+            subprocess.run(["umount", "-l", pt_mount])
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -106,13 +106,13 @@ class Agent:
     def states(self):
         return [r["state"] for r in self.status()["ranges"]]
 
-    def wait_states(self, state, timeout=15):
+    def wait_states(self, state, timeout=15, poll=0.01):
         def ok():
             if not self.running():
                 raise AssertionError(f"agent {self.name} exited ({self.proc.returncode})\n"
                                      + self.log_tail())
             return self.states() and all(s == state for s in self.states())
-        return wait_for(ok, timeout, f"{self.name}: every range {state}",
+        return wait_for(ok, timeout, f"{self.name}: every range {state}", poll=poll,
                         on_fail=self.log_tail)
 
     def http(self, path):

@@ -28,28 +28,44 @@ def wall_ms():
 
 class Handover(MountTest):
     def start_pair(self):
+        tenant = tenants_in(0, 16383, 1, prefix="ho")[0]
+        rel = slots(tenant)[tenant]["tenant_path"]
         a = self.agent("a", ttl=f"{TTL_S}s").start()
         a.wait_states("serving")
-        b = self.agent("b", ttl=f"{TTL_S}s").start()
+        b = self.agent("b", ttl=f"{TTL_S}s")
+        # A file already in B's backing directory before B starts (until
+        # replication, each host serves what its own directory holds).
+        os.makedirs(os.path.join(b.backing, rel.split("/")[0]))
+        db = sqlite3.connect(os.path.join(b.backing, rel))
+        db.execute("CREATE TABLE t(x)")
+        db.execute("INSERT INTO t VALUES ('from b')")
+        db.commit()
+        db.close()
+        b.start()
         b.wait_states("waiting")
         held = b.status()["ranges"][0]["held_by"]
         self.assertEqual(held["owner"], "host-a")
-        # B serves nothing: every tenant name is hidden there.
-        tenant = tenants_in(0, 16383, 1, prefix="ho")[0]
-        rel = slots(tenant)[tenant]["tenant_path"]
         db = sqlite3.connect(os.path.join(a.mount, rel))
         db.execute("CREATE TABLE t(x)")
         db.commit()
         db.close()
+        # B serves nothing: its file is hidden, and B has looked the name up.
         self.assertFalse(os.path.exists(os.path.join(b.mount, rel)))
         return a, b, rel
+
+    def assert_visible_at_once(self, b, rel):
+        """A name B looked up while hidden is there as soon as B serves it: no
+        negative entry outlives the claim."""
+        db = sqlite3.connect(f"file:{os.path.join(b.mount, rel)}?mode=rw", uri=True)
+        self.assertEqual(db.execute("SELECT x FROM t").fetchall(), [("from b",)])
+        db.close()
 
     def test_sigterm_releases_and_the_waiting_agent_serves_within_one_refresh_interval(self):
         a, b, rel = self.start_pair()
         self.assertEqual(a.stop(signal.SIGTERM), 0)
         stopped = time.monotonic()
         self.assertIn("released 1 ranges", a.log())
-        served = b.wait_states("serving", timeout=10)
+        served = b.wait_states("serving", timeout=10, poll=0.002)
         took = served - stopped
         print(f"\nB served {took * 1000:.0f} ms after A exited (refresh interval "
               f"{REFRESH_S * 1000:.0f} ms)")
@@ -57,11 +73,7 @@ class Handover(MountTest):
         # A's mount is gone; B's epoch is newer than A's was.
         self.assertFalse(os.path.ismount(a.mount))
         self.assertGreater(b.status()["ranges"][0]["epoch"], 1)
-        # A name B now serves is visible at once, though B looked it up while
-        # it was hidden (no negative entry outlives the claim).
-        fd = os.open(os.path.join(b.mount, rel), os.O_CREAT | os.O_RDWR, 0o644)
-        os.close(fd)
-        self.assertTrue(os.path.exists(os.path.join(b.mount, rel)))
+        self.assert_visible_at_once(b, rel)
 
     def test_after_kill_9_the_waiting_agent_serves_only_once_the_store_lease_ended(self):
         a, b, rel = self.start_pair()
@@ -76,6 +88,7 @@ class Handover(MountTest):
         wait_for(lambda: b.states() == ["serving"], timeout=TTL_S + 5,
                  what="B to serve after A's lease ended", poll=0.005, on_fail=b.log_tail)
         served_ms = wall_ms()
+        self.assert_visible_at_once(b, rel)
         print(f"\nB served {served_ms - expiry} ms after A's store lease ended")
         self.assertGreaterEqual(served_ms, expiry, "B served before A's lease ended")
         self.assertLess(served_ms - expiry, (REFRESH_S + SLACK_S) * 1000)

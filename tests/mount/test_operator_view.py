@@ -98,6 +98,33 @@ class OperatorView(MountTest):
                  on_fail=a.log_tail)
         db.close()
 
+    def test_a_range_taken_over_on_the_store_shows_as_lost_and_is_fenced(self):
+        a = self.agent("a", ranges="0-16383", ttl="3s").start()
+        a.wait_states("serving")
+        epoch = a.status()["ranges"][0]["epoch"]
+        tenant = tenants_in(0, 16383, 1, prefix="lost")[0]
+        path = os.path.join(a.mount, slots(tenant)[tenant]["tenant_path"])
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        # An operator ends A's lease on the store and another owner claims:
+        # A's next renewal answers "lost".
+        for args in (["release", "--owner", "host-a", "--epoch", str(epoch)],
+                     ["claim", "--owner", "host-c"]):
+            done = fleetfs("lease", args[0], "--store", self.store, "--range", "0-16383",
+                           *args[1:])
+            self.assertEqual(done.returncode, 0, done.stderr)
+        a.wait_states("lost")
+        with self.assertRaises(OSError):
+            os.write(fd, b"after the loss")
+        os.close(fd)
+        self.assertFalse(os.path.exists(path))
+        status, body = a.http("/health")
+        self.assertEqual(status, 503)
+        self.assertIn("range 0-16383 was lost", body)
+        table = fleetfs("status", a.mount).stdout
+        self.assertIn(" lost ", table)
+        self.assertEqual(metric(a.http("/metrics")[1],
+                                'fleetfs_refresh_outcomes_total{outcome="lost"}'), 1)
+
     def test_status_of_a_directory_that_is_no_mount_says_so(self):
         plain = os.path.join(self.root, "plain")
         os.makedirs(plain)

@@ -20,36 +20,27 @@ def is_busy(error):
 def write_rows(path, journal_mode, writer, count, results):
     """One process: `count` single-row transactions; only SQLITE_BUSY is retried."""
     busy_retries = 0
-    try:
-        db = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+
+    def until_not_busy(*statements):
+        nonlocal busy_retries
         while True:
             try:
-                db.execute(f"PRAGMA journal_mode={journal_mode}")
-                db.execute("CREATE TABLE IF NOT EXISTS t(writer INTEGER, n INTEGER, pad TEXT)")
-                break
+                for sql, params in statements:
+                    db.execute(sql, params)
+                return
             except sqlite3.OperationalError as e:
                 if not is_busy(e):
                     raise
                 busy_retries += 1
-        n = 0
-        while n < count:
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as e:
-                if not is_busy(e):
-                    raise
-                busy_retries += 1
-                continue
+
+    try:
+        db = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+        until_not_busy((f"PRAGMA journal_mode={journal_mode}", ()),
+                       ("CREATE TABLE IF NOT EXISTS t(writer INTEGER, n INTEGER, pad TEXT)", ()))
+        for n in range(count):
+            until_not_busy(("BEGIN IMMEDIATE", ()))
             db.execute("INSERT INTO t VALUES (?, ?, ?)", (writer, n, "x" * 100))
-            while True:
-                try:
-                    db.execute("COMMIT")
-                    break
-                except sqlite3.OperationalError as e:
-                    if not is_busy(e):
-                        raise
-                    busy_retries += 1
-            n += 1
+            until_not_busy(("COMMIT", ()))
         db.close()
         results.put((writer, "ok", busy_retries))
     except Exception as e:  # reported to the test, which fails on it

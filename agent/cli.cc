@@ -298,14 +298,22 @@ constexpr const char* kMainFooter = R"(
 fleetfs keeps a fleet of SQLite databases, one file per tenant or per routing
 slot, on the hosts that own their slots. A host owns slot ranges by claiming
 them on a shared ownership table, which grants an epoch (a fencing token), and
-renews a lease on them.
+renews a lease on them. 'fleetfs mount' runs the agent: a FUSE mount in which
+only the files of the slots this host serves now are visible, and whose open
+files are fenced the moment a range's lease lapses.
 
 EXIT STATUS
-  0  success
-  1  a failure at run time: the store cannot be reached or is corrupt
+  0  success (mount: stopped cleanly by SIGTERM or SIGINT)
+  1  a failure at run time: the store cannot be reached or is corrupt, the
+     backing directory is in use by another agent, the mount was refused
   2  bad input: the message names the value and the rule
   3  the range is held by another owner (the message says who, until when)
   4  the range was lost: it is not this owner's at this epoch
+
+EXAMPLES
+  fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
+  fleetfs status /mnt/fleet
+  fleetfs slot acme
 
 Run 'fleetfs COMMAND --help' for each command.
 )";

@@ -1,0 +1,172 @@
+// FleetFs through a real mount (root and /dev/fuse), on an injected clock:
+// the mount's own lease-end check, fences, serving periods, draining.
+#include "vfs/fleet_fs.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <cstring>
+#include <random>
+
+namespace fleetfs::vfs {
+namespace {
+
+using std::chrono::seconds;
+
+// Moves only when the test moves it; read from FUSE threads.
+class FakeClock final : public MonotonicClock {
+ public:
+  MonoTime Now() const override { return MonoTime(std::chrono::nanoseconds(ns_.load())); }
+  void Advance(std::chrono::nanoseconds d) { ns_ += d.count(); }
+
+ private:
+  std::atomic<std::int64_t> ns_{1'000'000'000'000};
+};
+
+class FleetFsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(::geteuid(), 0u) << "the real-mount tests need root (and /dev/fuse)";
+    std::random_device random;
+    root_ = std::filesystem::temp_directory_path() /
+            ("fleetfs-vfs-test-" + std::to_string(random()) + std::to_string(random()));
+    std::filesystem::create_directories(root_ / "backing");
+    std::filesystem::create_directories(root_ / "mnt");
+    MountOptions options;
+    options.backing = (root_ / "backing").string();
+    options.mountpoint = (root_ / "mnt").string();
+    options.clock = &clock_;
+    options.status_json = [] { return std::string("{}\n"); };
+    auto fs = FleetFs::Mount(options, ServeAll(1, 1, seconds(10)));
+    ASSERT_TRUE(fs.ok()) << fs.status().message();
+    fs_ = std::move(*fs);
+  }
+
+  void TearDown() override {
+    if (fs_) fs_->Unmount();
+    std::error_code ignored;
+    std::filesystem::remove_all(root_, ignored);
+  }
+
+  std::shared_ptr<const ServingView> ServeAll(std::uint64_t epoch, std::uint64_t period,
+                                              std::chrono::nanoseconds for_how_long,
+                                              bool accepting = true) {
+    auto view = ServingView::Make(
+        {ServedRange{0, kLastSlot, ServingToken{epoch, period}, clock_.Now() + for_how_long}},
+        accepting);
+    EXPECT_TRUE(view.ok());
+    return std::make_shared<const ServingView>(*view);
+  }
+
+  // A tenant path in the mount and in the backing directory.
+  std::string Mounted(std::string_view tenant) {
+    return (root_ / "mnt" / TenantPath(tenant)).string();
+  }
+  std::string Backing(std::string_view tenant) {
+    return (root_ / "backing" / TenantPath(tenant)).string();
+  }
+  static std::string Contents(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  FakeClock clock_;
+  std::filesystem::path root_;
+  std::unique_ptr<FleetFs> fs_;
+};
+
+TEST_F(FleetFsTest, a_handle_fails_with_estale_at_the_local_lease_end_before_any_new_view) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::pwrite(fd, "before", 6, 0), 6);
+  clock_.Advance(seconds(10));  // the lease ends; the agent has not published yet
+  EXPECT_EQ(::pwrite(fd, "after!", 6, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  EXPECT_EQ(::fsync(fd), -1);
+  EXPECT_EQ(errno, ESTALE);
+  EXPECT_EQ(::ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("acme")), "before");
+  // New names are not looked up either.
+  EXPECT_EQ(::open(Mounted("globex").c_str(), O_CREAT | O_RDWR, 0644), -1);
+  EXPECT_EQ(errno, EREMOTE);
+  EXPECT_EQ(fs_->stats().fenced.load(), 3u);
+}
+
+TEST_F(FleetFsTest, a_withdrawn_range_is_forgotten_by_the_kernel_at_once) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(::stat(Mounted("acme").c_str(), &st), 0);  // the kernel caches it for 1 s
+  fs_->Publish(std::make_shared<const ServingView>());
+  fs_->WaitForFences();
+  EXPECT_EQ(::stat(Mounted("acme").c_str(), &st), -1);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_EQ(::write(fd, "x", 1), -1);
+  EXPECT_EQ(errno, ESTALE);
+  EXPECT_EQ(fs_->stats().fences.load(), 1u);
+  EXPECT_EQ(fs_->stats().handles_fenced.load(), 1u);
+  ::close(fd);
+  // The kernel sends the release after close() returned.
+  for (int i = 0; i < 1000 && fs_->OpenHandles() != 0; ++i) ::usleep(1000);
+  EXPECT_EQ(fs_->OpenHandles(), 0u);
+}
+
+TEST_F(FleetFsTest, a_range_served_again_at_the_same_epoch_keeps_handles_of_the_first_period_fenced) {
+  int old_fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(old_fd, 0);
+  fs_->Publish(ServeAll(1, 2, seconds(10)));  // lapsed and renewed: a new period
+  fs_->WaitForFences();
+  EXPECT_EQ(::pwrite(old_fd, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  int new_fd = ::open(Mounted("acme").c_str(), O_RDWR);
+  ASSERT_GE(new_fd, 0) << std::strerror(errno);
+  EXPECT_EQ(::pwrite(new_fd, "y", 1, 0), 1);
+  ::close(old_fd);
+  ::close(new_fd);
+  EXPECT_EQ(Contents(Backing("acme")), "y");
+}
+
+TEST_F(FleetFsTest, a_renewal_keeps_handles_working) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  clock_.Advance(seconds(5));
+  fs_->Publish(ServeAll(1, 1, seconds(10)));  // the same token, a later end
+  clock_.Advance(seconds(8));                  // past the first end
+  EXPECT_EQ(::pwrite(fd, "z", 1, 0), 1);
+  ::close(fd);
+  EXPECT_EQ(fs_->stats().fences.load(), 0u);
+}
+
+TEST_F(FleetFsTest, a_draining_view_keeps_open_handles_and_refuses_new_files) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  fs_->Publish(ServeAll(1, 1, seconds(10), /*accepting=*/false));
+  EXPECT_EQ(::pwrite(fd, "still", 5, 0), 5);
+  EXPECT_EQ(::open(Mounted("globex").c_str(), O_CREAT | O_RDWR, 0644), -1);
+  EXPECT_EQ(errno, EREMOTE);
+  ::close(fd);
+}
+
+TEST_F(FleetFsTest, the_bucket_directories_are_always_there_and_fixed) {
+  std::size_t buckets = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root_ / "mnt")) {
+    if (entry.is_directory() && ParseBucketName(entry.path().filename().string())) ++buckets;
+  }
+  EXPECT_EQ(buckets, 256u);
+  EXPECT_FALSE(std::filesystem::exists(root_ / "backing" / "000"));  // made with a first file
+  EXPECT_EQ(::mkdir((root_ / "mnt" / "000" / "sub").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::rmdir((root_ / "mnt" / "000").c_str()), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(Contents((root_ / "mnt" / ".fleetfs" / "status.json").string()), "{}\n");
+}
+
+}  // namespace
+}  // namespace fleetfs::vfs

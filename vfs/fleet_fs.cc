@@ -178,7 +178,16 @@ class FleetFs::Impl {
     return reinterpret_cast<FileHandle*>(static_cast<uintptr_t>(fi->fh));
   }
   int CheckHandle(const ServingView& view, const FileHandle& h) const {
-    return view.Admits(h.inode->file.slot, h.token, Now()) ? 0 : ESTALE;
+    const ServedRange* served = view.Find(h.inode->file.slot, Now());
+    if (served == nullptr) return ESTALE;
+    if (served->token == h.token) return 0;
+    // A -shm handle of an earlier serving period at the same epoch goes on:
+    // fencing its file operations protects nothing (its users share the
+    // mapping, which bypasses the file system), and the kernel writes back
+    // every user's dirty wal-index pages through whichever handle mapped the
+    // file first, which may be a fenced one.
+    if (h.inode->file.role == FileRole::kShm && served->token.epoch == h.token.epoch) return 0;
+    return ESTALE;
   }
 
   int BucketFd(int bucket);
@@ -910,6 +919,8 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return errno;
   }
   if (created && file->role == FileRole::kMain) {
+    spdlog::info("vfs: created tenant {}/{} (slot {}, epoch {}) for uid {}", BucketName(bucket),
+                 name, file->slot, served->token.epoch, fuse_req_ctx(req)->uid);
     // The stamp: the epoch this file was made under, and whose file it is.
     std::string epoch = std::to_string(served->token.epoch);
     if (::fsetxattr(fd.get(), kEpochXattr.data(), epoch.data(), epoch.size(), 0) != 0 ||

@@ -133,6 +133,24 @@ TEST_F(FleetFsTest, a_range_served_again_at_the_same_epoch_keeps_handles_of_the_
   EXPECT_EQ(Contents(Backing("acme")), "y");
 }
 
+TEST_F(FleetFsTest, a_wal_index_handle_goes_on_in_a_new_period_but_not_under_a_lapse_or_a_new_epoch) {
+  const std::string shm = Mounted("acme") + "-shm";
+  int fd = ::open(shm.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  fs_->Publish(ServeAll(1, 2, seconds(10)));
+  fs_->WaitForFences();
+  EXPECT_EQ(::pwrite(fd, "index", 5, 0), 5);
+  clock_.Advance(seconds(10));
+  EXPECT_EQ(::pwrite(fd, "lapse", 5, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  fs_->Publish(ServeAll(2, 3, seconds(10)));
+  fs_->WaitForFences();
+  EXPECT_EQ(::pwrite(fd, "newer", 5, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("acme") + "-shm"), "index");
+}
+
 TEST_F(FleetFsTest, a_renewal_keeps_handles_working) {
   int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
   ASSERT_GE(fd, 0);

@@ -244,6 +244,10 @@ class FleetFs::Impl {
 
   mutable std::mutex handles_mu_;  // guards handles_; taken alone
   std::unordered_set<FileHandle*> handles_;
+  // Handles the kernel never releases when the session ends with them open.
+  std::mutex other_handles_mu_;  // guards the two sets below; taken alone
+  std::unordered_set<VirtualHandle*> virtual_handles_;
+  std::unordered_set<DirHandle*> dir_handles_;
 
   std::mutex fence_mu_;  // guards everything down to fence_thread_; taken alone
   std::condition_variable fence_cv_;
@@ -355,6 +359,19 @@ void FleetFs::Impl::Stop() {
     fuse_session_destroy(session_);
     session_ = nullptr;
     mounted_ = false;
+  }
+  // The session is gone: the kernel will not release what is still open.
+  {
+    std::lock_guard lock(handles_mu_);
+    for (FileHandle* h : handles_) delete h;
+    handles_.clear();
+  }
+  {
+    std::lock_guard lock(other_handles_mu_);
+    for (VirtualHandle* h : virtual_handles_) delete h;
+    for (DirHandle* h : dir_handles_) delete h;
+    virtual_handles_.clear();
+    dir_handles_.clear();
   }
   for (auto& fd : bucket_fds_) {
     int old = fd.exchange(-1);
@@ -845,10 +862,19 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto h = std::make_unique<VirtualHandle>();
     const auto& make = ino == kStatusIno ? self.options_.status_json : self.options_.ranges_text;
     if (make) h->content = make();
+    {
+      std::lock_guard lock(self.other_handles_mu_);
+      self.virtual_handles_.insert(h.get());
+    }
     fi->fh = reinterpret_cast<uintptr_t>(h.release());
     fi->direct_io = 1;
     self.stats_.Count(Op::kOpen);
-    fuse_reply_open(req, fi);
+    if (fuse_reply_open(req, fi) != 0) {  // interrupted: no release will come
+      std::lock_guard lock(self.other_handles_mu_);
+      auto* lost = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh));
+      self.virtual_handles_.erase(lost);
+      delete lost;
+    }
     return;
   }
   auto view = self.View();
@@ -965,7 +991,12 @@ void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   Impl& self = Self(req);
   self.stats_.Count(Op::kRelease);
   if (ino == kStatusIno || ino == kRangesIno) {
-    delete reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh));
+    auto* h = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh));
+    {
+      std::lock_guard lock(self.other_handles_mu_);
+      self.virtual_handles_.erase(h);
+    }
+    delete h;
   } else {
     FileHandle* h = HandleOf(fi);
     self.RemoveHandle(h);
@@ -1057,9 +1088,18 @@ void FleetFs::Impl::Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   }
   // The listing is made at the first readdir: SQLite opens a directory only
   // to fsync it, once per new journal, and that must stay cheap.
-  fi->fh = reinterpret_cast<uintptr_t>(new DirHandle());
+  auto* dir = new DirHandle();
+  {
+    std::lock_guard lock(self.other_handles_mu_);
+    self.dir_handles_.insert(dir);
+  }
+  fi->fh = reinterpret_cast<uintptr_t>(dir);
   self.stats_.Count(Op::kOpendir);
-  fuse_reply_open(req, fi);
+  if (fuse_reply_open(req, fi) != 0) {  // interrupted: no releasedir will come
+    std::lock_guard lock(self.other_handles_mu_);
+    self.dir_handles_.erase(dir);
+    delete dir;
+  }
 }
 
 int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
@@ -1128,7 +1168,13 @@ void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
 }
 
 void FleetFs::Impl::Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh));
+  Impl& self = Self(req);
+  auto* dir = reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh));
+  {
+    std::lock_guard lock(self.other_handles_mu_);
+    self.dir_handles_.erase(dir);
+  }
+  delete dir;
   fuse_reply_err(req, 0);
 }
 

@@ -137,7 +137,7 @@ class Agent:
     def cleanup(self):
         if os.environ.get("FLEETFS_KEEP_LOGS"):  # for debugging a failed run
             shutil.copy(self.log_path, os.path.join(os.environ["FLEETFS_KEEP_LOGS"],
-                                                    f"{self.name}-{os.getpid()}.log"))
+                                                    f"{self.name}-{os.getpid()}-{id(self):x}.log"))
         if self.running():
             self.proc.kill()
             self.proc.wait(10)

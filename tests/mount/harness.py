@@ -76,9 +76,10 @@ class Agent:
         self.proc = None
 
     def argv(self):
+        ttl = ["--ttl", self.ttl] if self.ttl else []  # None: from the config file
         return [BINARY, "mount", "--backing", self.backing, "--mount", self.mount,
                 "--store", self.store, "--owner", self.owner, "--ranges", self.ranges,
-                "--ttl", self.ttl, "--admin", f"127.0.0.1:{self.admin_port}", *self.extra]
+                *ttl, "--admin", f"127.0.0.1:{self.admin_port}", *self.extra]
 
     def start(self):
         log = open(self.log_path, "ab")

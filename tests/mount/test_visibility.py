@@ -217,5 +217,48 @@ class HiddenAndRefused(MountTest):
         self.assertEqual(e.exception.errno, errno.EPERM)
 
 
+
+class Configuration(MountTest):
+    def test_a_config_file_sets_slot_mode_and_flags_win_over_it(self):
+        a = self.agent(ranges="0-16383", ttl=None)
+        config = os.path.join(self.root, "agent.toml")
+        with open(config, "w") as f:
+            f.write('mode = "slot"\nttl = "45s"\nranges = ["0-99"]\nshutdown_grace = "2s"\n')
+        a.extra = ["--config", config]
+        a.ranges = "0-8191"  # the flag wins over the file's 0-99
+        a.start()
+        a.wait_states("serving")
+        doc = a.status()
+        self.assertEqual((doc["mode"], doc["ttl"]), ("slot", "45s"))
+        self.assertEqual([r["range"] for r in doc["ranges"]], ["0-8191"])
+        key = tenants_in(0, 8191, 1, prefix="slotkey")[0]
+        rel = slots(key)[key]["slot_path"]
+        db = sqlite3.connect(os.path.join(a.mount, rel))
+        db.execute("CREATE TABLE t(x)")
+        db.close()
+        self.assertTrue(os.path.isfile(os.path.join(a.backing, rel)))
+        # In slot mode a tenant-mode name is no fleet file.
+        with self.assertRaises(OSError) as e:
+            os.open(os.path.join(a.mount, slots(key)[key]["tenant_path"]),
+                    os.O_CREAT | os.O_RDWR)
+        self.assertEqual(e.exception.errno, errno.EPERM)
+
+    def test_bad_configuration_is_refused_before_anything_is_touched(self):
+        a = self.agent()
+        config = os.path.join(self.root, "bad.toml")
+        with open(config, "w") as f:
+            f.write('ranges = "0-100"\nowners = "x"\n')
+        for extra, expect in [(["--ranges", "9-1"], "ranges: "),
+                              (["--ttl", "2s"], "ttl: "),
+                              (["--admin", "0.0.0.0:1"], "admin: "),
+                              (["--config", config], "unknown key 'owners'")]:
+            argv = a.argv() + extra
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertIn(expect, result.stderr)
+            self.assertFalse(os.path.ismount(a.mount))
+        self.assertFalse(os.path.exists(os.path.join(self.root, "control.db")))
+
+
 if __name__ == "__main__":
     unittest.main()

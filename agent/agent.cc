@@ -108,6 +108,7 @@ class Agent {
   int exit_code_ = 0;
 
   std::atomic<Phase> phase_{Phase::kStarting};
+  std::atomic<bool> session_ended_{false};  // set by the FUSE session's thread
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Outcome::kCount)> outcomes_{};
   std::atomic<std::uint64_t> refreshes_{0};
   std::mutex failures_mu_;  // guards last_failures_; the report listener runs on any thread
@@ -125,6 +126,12 @@ void Agent::Post(lease::Refresher::Task task) {
 }
 
 void Agent::RunPosted() {
+  if (session_ended_.exchange(false) && phase_ != Phase::kStopping && phase_ != Phase::kStopped) {
+    // Nothing can be served without the mount: release so another host can.
+    spdlog::error("the mount at {} is gone; stopping", config_.mountpoint);
+    exit_code_ = 1;
+    BeginStop();
+  }
   std::vector<lease::Refresher::Task> tasks;
   {
     std::lock_guard lock(posted_mu_);
@@ -282,6 +289,10 @@ Status Agent::MountNow() {
   options.clock = &mono_;
   options.status_json = [this] { return StatusJson(Snapshot()).dump(2) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
+  options.on_session_end = [this] {
+    session_ended_ = true;
+    uv_async_send(&posted_async_);
+  };
   auto fs = vfs::FleetFs::Mount(std::move(options), BuildView());
   if (!fs.ok()) return fs.status().WithContext("mounting " + config_.mountpoint);
   fs_ = std::move(*fs);

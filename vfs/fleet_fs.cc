@@ -263,6 +263,7 @@ class FleetFs::Impl {
   fuse_session* session_ = nullptr;
   std::thread loop_thread_;
   bool mounted_ = false;
+  std::atomic<bool> stopping_{false};  // Stop has begun: the session's end is expected
 };
 
 // ---- start and stop ----
@@ -331,7 +332,11 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
     fuse_loop_cfg_set_clone_fd(config, 0);
     int rc = fuse_session_loop_mt(session_, config);
     fuse_loop_cfg_destroy(config);
-    if (rc != 0) spdlog::info("vfs: the FUSE session loop ended ({})", rc);
+    if (!stopping_.load()) {
+      spdlog::error("vfs: the FUSE session at {} ended without the agent ({}): unmounted by "
+                    "someone else?", options_.mountpoint, rc);
+      if (options_.on_session_end) options_.on_session_end();
+    }
   });
   return Status::Ok();
 }
@@ -344,6 +349,7 @@ void FleetFs::Impl::Stop() {
   }
   fence_cv_.notify_all();
   if (fence_thread_.joinable()) fence_thread_.join();
+  stopping_ = true;
   if (mounted_) {
     fuse_session_exit(session_);
     // A worker blocked reading /dev/fuse sees the exit flag only after one

@@ -43,6 +43,9 @@ struct MountOptions {
   // on a FUSE thread.
   std::function<std::string()> status_json;
   std::function<std::string()> ranges_text;
+  // Called once, from the session's thread, when the session ends without
+  // Unmount (someone unmounted it, or the kernel aborted the connection).
+  std::function<void()> on_session_end;
 };
 
 class FleetFs {

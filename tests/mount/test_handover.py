@@ -2,6 +2,7 @@
 import os
 import signal
 import sqlite3
+import subprocess
 import time
 import unittest
 
@@ -151,6 +152,18 @@ class Shutdown(MountTest):
         with open(os.path.join(a.backing, rel), "rb") as f:
             self.assertEqual(f.read(), b"open")
         self.assertFalse(os.path.ismount(a.mount))
+
+
+    def test_an_agent_whose_mount_is_removed_releases_and_exits_1(self):
+        a = self.agent("a", ttl=f"{TTL_S}s").start()
+        a.wait_states("serving")
+        subprocess.run(["umount", "-l", a.mount], check=True)
+        self.assertEqual(a.proc.wait(10), 1)
+        self.assertIn("the mount at", a.log())
+        self.assertIn("released 1 ranges", a.log())
+        # Another host may claim at once.
+        b = self.agent("b", ttl=f"{TTL_S}s").start()
+        b.wait_states("serving")
 
 
 if __name__ == "__main__":

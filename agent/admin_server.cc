@@ -7,6 +7,7 @@
 namespace fleetfs::agent {
 
 constexpr std::size_t kMaxRequestBytes = 16 * 1024;
+constexpr std::size_t kMaxConnections = 64;
 
 struct AdminServer::Connection {
   AdminServer* server = nullptr;
@@ -34,11 +35,11 @@ const char* Reason(int status) {
   }
 }
 
-std::string Render(const HttpResponse& r) {
+std::string Render(const HttpResponse& r, bool head) {
   return "HTTP/1.1 " + std::to_string(r.status) + " " + Reason(r.status) +
          "\r\nContent-Type: " + r.content_type +
          "\r\nContent-Length: " + std::to_string(r.body.size()) +
-         "\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n" + r.body;
+         "\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n" + (head ? "" : r.body);
 }
 
 const http_parser_settings& Settings() {
@@ -105,7 +106,9 @@ void AdminServer::OnConnection(uv_stream_t* listener, int status) {
   uv_tcp_init(server->loop_, &c->tcp);
   c->tcp.data = c;
   server->connections_.insert(c);
-  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+  // Clients that connect and never finish a request must not pile up.
+  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0 ||
+      server->connections_.size() > kMaxConnections) {
     server->Drop(c);
     return;
   }
@@ -145,7 +148,7 @@ void AdminServer::OnConnection(uv_stream_t* listener, int status) {
                                       path);
         }
         c->answered = true;
-        c->response = Render(response);
+        c->response = Render(response, c->complete && c->parser.method == HTTP_HEAD);
         uv_read_stop(stream);
         uv_buf_t out = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
         c->write.data = c;

@@ -116,10 +116,11 @@ class Agent:
         return wait_for(ok, timeout, f"{self.name}: every range {state}", poll=poll,
                         on_fail=self.log_tail)
 
-    def http(self, path):
+    def http(self, path, method="GET"):
         url = f"http://127.0.0.1:{self.admin_port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, method=method),
+                                        timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()

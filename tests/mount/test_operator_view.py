@@ -52,6 +52,9 @@ class OperatorView(MountTest):
         self.assertGreater(metric(metrics, 'fleetfs_fuse_operations_total{op="write"}'), 0)
         self.assertGreater(metric(metrics, 'fleetfs_refresh_outcomes_total{outcome="claimed"}'), 0)
         self.assertNotIn(tenant, metrics)  # no per-tenant labels
+        self.assertEqual(a.http("/nothing")[0], 404)
+        self.assertEqual(a.http("/health", method="POST")[0], 405)
+        self.assertEqual(a.http("/health", method="HEAD"), (200, ""))
         with open(os.path.join(a.mount, ".fleetfs", "ranges")) as f:
             self.assertIn("0-8191 serving epoch", f.read())
 

@@ -117,5 +117,15 @@ TEST_F(ConfigTest, an_unknown_key_or_a_wrong_type_in_the_file_is_refused) {
   EXPECT_NE(Error(in).find("line 1"), std::string::npos);
 }
 
+TEST_F(ConfigTest, the_example_configuration_in_packaging_is_valid) {
+  ConfigInput in = Input();  // its directories are replaced by this test's
+  in.config_file = std::string(FLEETFS_SOURCE_DIR) + "/packaging/agent.toml";
+  in.store = "sqlite://" + dir_.path().string() + "/control.db";
+  auto config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->ttl, Millis(30000));
+  EXPECT_EQ(config->shutdown_grace, Millis(5000));
+}
+
 }  // namespace
 }  // namespace fleetfs::agent

@@ -235,6 +235,9 @@ class FleetFs::Impl {
   std::array<std::atomic<int>, kBucketCount> bucket_fds_{};
   VfsStats stats_;
 
+  // What every operation checks. Publish swaps it in one atomic exchange (the
+  // atomic's internal lock is held for that swap only, never across a store
+  // call); operations hold the loaded view until their backing call returns.
   std::atomic<std::shared_ptr<const ServingView>> view_;
 
   mutable std::mutex inodes_mu_;  // guards inodes_, by_backing_, next_ino_; taken alone

@@ -88,9 +88,20 @@ struct DirHandle {
 };
 
 struct FenceJob {
-  std::vector<ServedRange> ranges;  // withdrawn ranges to fence
+  std::vector<ServedRange> ranges;   // withdrawn ranges to fence
+  std::vector<ServedRange> claimed;  // newly served ranges: forget their negative entries
   std::vector<std::pair<fuse_ino_t, std::string>> entries;  // names to forget
 };
+
+// A name the kernel caches as absent: looked up in a served slot, not there.
+struct NegativeName {
+  fuse_ino_t parent = 0;
+  Slot slot = 0;
+  MonoTime until{};
+};
+
+// Negative entries remembered at most; beyond, absent names are not cached.
+constexpr std::size_t kMaxNegativeNames = 100'000;
 
 }  // namespace
 
@@ -206,8 +217,12 @@ class FleetFs::Impl {
                                       UniqueFd path_fd, const struct stat& st);
   void ForgetOne(fuse_ino_t ino, uint64_t nlookup);
 
-  int DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e);
-  int DoLookupFile(int bucket, std::string_view name, fuse_entry_param* e);
+  int DoLookup(const ServingView& view, fuse_ino_t parent, const char* name,
+               fuse_entry_param* e);
+  int DoLookupFile(const ServingView& view, int bucket, std::string_view name,
+                   fuse_entry_param* e);
+  // Records a negative entry; false when too many are remembered to cache more.
+  bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot);
   int DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi, fuse_entry_param* e);
   int DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi,
@@ -244,6 +259,9 @@ class FleetFs::Impl {
   std::unordered_map<fuse_ino_t, std::shared_ptr<FileInode>> inodes_;
   std::map<std::pair<dev_t, ino_t>, fuse_ino_t> by_backing_;
   fuse_ino_t next_ino_ = kFirstFileIno;
+
+  std::mutex negative_mu_;  // guards negative_; taken alone
+  std::unordered_map<std::string, NegativeName> negative_;  // key: name '\0' parent
 
   mutable std::mutex handles_mu_;  // guards handles_; taken alone
   std::unordered_set<FileHandle*> handles_;
@@ -402,12 +420,13 @@ void FleetFs::Impl::Publish(std::shared_ptr<const ServingView> view) {
   MonoTime now = Now();
   std::shared_ptr<const ServingView> old = view_.exchange(view, std::memory_order_acq_rel);
   std::vector<ServedRange> withdrawn = old->WithdrawnBy(*view, now);
+  std::vector<ServedRange> claimed = view->WithdrawnBy(*old, now);  // served anew
   std::lock_guard lock(fence_mu_);
   std::erase_if(old_views_, [](const auto& w) { return w.expired(); });
   old_views_.push_back(old);
   old.reset();
-  if (!withdrawn.empty()) {
-    fence_jobs_.push_back(FenceJob{std::move(withdrawn), {}});
+  if (!withdrawn.empty() || !claimed.empty()) {
+    fence_jobs_.push_back(FenceJob{std::move(withdrawn), std::move(claimed), {}});
     ++fences_queued_;
     fence_cv_.notify_all();
   }
@@ -443,7 +462,7 @@ void FleetFs::Impl::FenceLoop() {
 
 void FleetFs::Impl::RunFence(const FenceJob& job) {
   MonoTime started = Now();
-  if (!job.ranges.empty()) {
+  if (!job.ranges.empty() || !job.claimed.empty()) {
     // Operations that loaded an older view may still be writing: the fence
     // counts as done only once each of them has finished or failed.
     int polls = 0;
@@ -495,6 +514,32 @@ void FleetFs::Impl::RunFence(const FenceJob& job) {
   }
   for (const auto& [parent, name] : job.entries) {
     fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
+  }
+  if (!job.claimed.empty()) {
+    // Absent names cached while these ranges were served before must not
+    // hide files that are there now.
+    std::vector<std::pair<fuse_ino_t, std::string>> absent;
+    {
+      std::lock_guard lock(negative_mu_);
+      const MonoTime now = Now();
+      std::erase_if(negative_, [&](const auto& entry) {
+        const NegativeName& n = entry.second;
+        if (n.until <= now) return true;
+        for (const ServedRange& r : job.claimed) {
+          if (n.slot >= r.first && n.slot <= r.last) {
+            absent.emplace_back(n.parent, entry.first.substr(0, entry.first.find('\0')));
+            return true;
+          }
+        }
+        return false;
+      });
+    }
+    for (const auto& [parent, name] : absent) {
+      fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
+    }
+    if (!absent.empty()) {
+      spdlog::info("vfs: a claim made the kernel forget {} cached absent names", absent.size());
+    }
   }
   if (!job.ranges.empty()) {
     std::size_t open = 0;
@@ -640,16 +685,40 @@ void FleetFs::Impl::ForgetOne(fuse_ino_t ino, uint64_t nlookup) {
 
 // ---- lookup ----
 
-int FleetFs::Impl::DoLookupFile(int bucket, std::string_view name, fuse_entry_param* e) {
+bool FleetFs::Impl::RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot) {
+  const MonoTime now = Now();
+  std::lock_guard lock(negative_mu_);
+  if (negative_.size() >= kMaxNegativeNames) {
+    std::erase_if(negative_, [&](const auto& entry) { return entry.second.until <= now; });
+    if (negative_.size() >= kMaxNegativeNames) return false;
+  }
+  auto until = now + std::chrono::duration_cast<MonoTime::duration>(
+                         std::chrono::duration<double>(kEntryTimeout));
+  negative_[std::string(name) + '\0' + std::to_string(parent)] = NegativeName{parent, slot, until};
+  return true;
+}
+
+// An absent fleet name in a served slot is answered with a negative entry,
+// which the kernel caches: SQLite checks for a journal that is not there
+// before every transaction. The names are remembered, and a claim makes the
+// kernel forget those of its ranges, so no cached absence outlives the claim.
+// Names in unserved slots are answered with an error, which is never cached.
+int FleetFs::Impl::DoLookupFile(const ServingView& view, int bucket, std::string_view name,
+                                fuse_entry_param* e) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
-  auto view = View();
-  if (!view->accepting() || view->Find(file->slot, Now()) == nullptr) return ENOENT;
+  if (!view.accepting() || view.Find(file->slot, Now()) == nullptr) return ENOENT;
+  const fuse_ino_t parent = kFirstBucketIno + static_cast<fuse_ino_t>(bucket);
+  auto absent = [&] {
+    if (!RememberNegative(parent, name, file->slot)) return ENOENT;
+    e->ino = 0;  // a negative entry, cached for entry_timeout
+    return 0;
+  };
   int bfd = BucketFd(bucket);
-  if (bfd < 0) return ENOENT;
+  if (bfd < 0) return absent();
   std::string n(name);
   UniqueFd fd(::openat(bfd, n.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return errno == ENOENT ? ENOENT : errno;
+  if (!fd.valid()) return errno == ENOENT ? absent() : errno;
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return ENOENT;  // a symlink or device is no fleet file
@@ -662,7 +731,8 @@ int FleetFs::Impl::DoLookupFile(int bucket, std::string_view name, fuse_entry_pa
   return 0;
 }
 
-int FleetFs::Impl::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
+int FleetFs::Impl::DoLookup(const ServingView& view, fuse_ino_t parent, const char* name,
+                            fuse_entry_param* e) {
   std::string_view n(name);
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
@@ -686,23 +756,19 @@ int FleetFs::Impl::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_para
     e->attr_timeout = 0;
     return 0;
   }
-  if (IsBucketIno(parent)) return DoLookupFile(BucketOfIno(parent), n, e);
+  if (IsBucketIno(parent)) return DoLookupFile(view, BucketOfIno(parent), n, e);
   return ENOENT;
 }
 
 void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Impl& self = Self(req);
+  // Held until the kernel has the answer: a claim's fence runs after every
+  // lookup under an older view has answered, so it sees their negative entries.
+  auto view = self.View();
   fuse_entry_param e{};
-  int err = self.DoLookup(parent, name, &e);
-  // Hidden names are answered with an error, which the kernel does not cache
-  // as a negative entry: a name served after a claim is visible at once.
-  if (err == ENOENT) {
-    self.stats_.Count(Op::kLookup);
-    self.stats_.CountError(Op::kLookup, ENOENT);
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  int err = self.DoLookup(*view, parent, name, &e);
   if (self.Failed(req, Op::kLookup, err)) return;
+  if (e.ino == 0) self.stats_.CountError(Op::kLookup, ENOENT);
   fuse_reply_entry(req, &e);
 }
 

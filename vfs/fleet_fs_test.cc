@@ -151,6 +151,25 @@ TEST_F(FleetFsTest, a_wal_index_handle_goes_on_in_a_new_period_but_not_under_a_l
   EXPECT_EQ(Contents(Backing("acme") + "-shm"), "index");
 }
 
+TEST_F(FleetFsTest, an_absent_name_cached_while_served_is_forgotten_when_the_range_is_served_again) {
+  struct stat st;
+  auto looked = std::chrono::steady_clock::now();
+  ASSERT_EQ(::stat(Mounted("acme").c_str(), &st), -1);  // absent: the kernel caches it
+  // The file appears in the backing directory (as a restore will make it).
+  std::filesystem::create_directories(std::filesystem::path(Backing("acme")).parent_path());
+  std::ofstream(Backing("acme")) << "restored";
+  const bool within_timeout = std::chrono::steady_clock::now() - looked < seconds(1) / 2;
+  if (within_timeout) {
+    EXPECT_EQ(::stat(Mounted("acme").c_str(), &st), -1) << "absent names should be cached";
+  }
+  fs_->Publish(std::make_shared<const ServingView>());  // a lapse
+  fs_->WaitForFences();
+  fs_->Publish(ServeAll(1, 2, seconds(10)));  // served again
+  fs_->WaitForFences();
+  EXPECT_EQ(::stat(Mounted("acme").c_str(), &st), 0) << std::strerror(errno);
+  EXPECT_EQ(Contents(Mounted("acme")), "restored");
+}
+
 TEST_F(FleetFsTest, a_renewal_keeps_handles_working) {
   int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
   ASSERT_GE(fd, 0);

@@ -231,9 +231,7 @@ void Agent::Step() {
   if (phase == Phase::kStopped) return;
 
   MonoTime now = mono_.Now();
-  if (auto report = refresher_->Tick()) {
-    (void)report;  // the listener counted it
-  }
+  refresher_->Tick();  // ends a refresh past its time limit; the listener counts it
   if (!refresher_->refresh_open() && now >= next_refresh_) {
     if (refresher_->Start()) next_refresh_ = now + config_.ttl / 3;
   }

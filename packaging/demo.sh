@@ -16,24 +16,21 @@ mkdir -p "$demo/volume" "$mount"
 # Any local user may create tenants in the demo; each file belongs to its creator.
 chmod 1777 "$demo/volume"
 
+# The agent logs to this terminal. Ctrl-C reaches it directly (SIGINT); a
+# SIGTERM to this script is passed on.
 "$fleetfs" mount --backing "$demo/volume" --mount "$mount" \
   --store "sqlite://$demo/control.db" --owner "$(hostname)" --ranges 0-16383 \
-  --ttl 30s --admin "$admin" 2>&1 | sed -u 's/^/[agent] /' &
-pipeline=$!
-agent_pid() { pgrep -f -- "fleetfs mount --backing $demo/volume" | head -1; }
-stop() {
-  pid=$(agent_pid || true)
-  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null || true
-  wait "$pipeline" || true
-}
-trap 'stop; exit 0' INT TERM
+  --ttl 30s --admin "$admin" &
+agent=$!
+trap 'kill -TERM "$agent" 2>/dev/null; wait "$agent"; exit 0' TERM
+trap 'wait "$agent"; exit 0' INT
 
 for _ in $(seq 1 100); do
   if [ -r "$mount/.fleetfs/status.json" ] &&
      grep -q '"state": "serving"' "$mount/.fleetfs/status.json" 2>/dev/null; then
     break
   fi
-  if ! kill -0 "$pipeline" 2>/dev/null; then
+  if ! kill -0 "$agent" 2>/dev/null; then
     echo "demo: the agent did not start (see its messages above)" >&2
     exit 1
   fi
@@ -55,4 +52,4 @@ Use the mount only: nothing else may touch $demo/volume while the agent runs.
 
 Ctrl-C stops the agent: it fences open files, releases its slots and unmounts.
 MSG
-wait "$pipeline"
+wait "$agent"

@@ -1125,6 +1125,7 @@ void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t si
   int err = self.CheckHandle(*view, *h);
   ssize_t n = 0;
   if (err == 0) {
+    if (self.options_.before_backing_write) self.options_.before_backing_write();
     n = ::pwrite(h->fd.get(), buf, size, off);
     if (n < 0) err = errno;
   }

@@ -46,6 +46,9 @@ struct MountOptions {
   // Called once, from the session's thread, when the session ends without
   // Unmount (someone unmounted it, or the kernel aborted the connection).
   std::function<void()> on_session_end;
+  // Called on the FUSE thread just before a write reaches the backing file,
+  // with the operation's view held. Tests use it to keep a write in flight.
+  std::function<void()> before_backing_write;
 };
 
 class FleetFs {

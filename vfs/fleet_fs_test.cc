@@ -12,6 +12,7 @@
 #include <fstream>
 #include <cstring>
 #include <random>
+#include <thread>
 
 namespace fleetfs::vfs {
 namespace {
@@ -42,6 +43,11 @@ class FleetFsTest : public ::testing::Test {
     options.mountpoint = (root_ / "mnt").string();
     options.clock = &clock_;
     options.status_json = [] { return std::string("{}\n"); };
+    options.before_backing_write = [this] {
+      if (!hold_writes_.load()) return;
+      held_.store(true);
+      while (hold_writes_.load()) std::this_thread::yield();
+    };
     auto fs = FleetFs::Mount(options, ServeAll(1, 1, seconds(10)));
     ASSERT_TRUE(fs.ok()) << fs.status().message();
     fs_ = std::move(*fs);
@@ -76,6 +82,8 @@ class FleetFsTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  std::atomic<bool> hold_writes_{false};  // the next write waits inside the mount
+  std::atomic<bool> held_{false};         // a write is waiting there
   std::filesystem::path root_;
   std::unique_ptr<FleetFs> fs_;
 };
@@ -116,6 +124,38 @@ TEST_F(FleetFsTest, a_withdrawn_range_is_forgotten_by_the_kernel_at_once) {
   // The kernel sends the release after close() returned.
   for (int i = 0; i < 1000 && fs_->OpenHandles() != 0; ++i) ::usleep(1000);
   EXPECT_EQ(fs_->OpenHandles(), 0u);
+}
+
+TEST_F(FleetFsTest, a_fence_is_done_only_after_the_writes_already_inside_have_finished) {
+  // The kernel's own page locks would also hold back a fence that drops or
+  // stores the page being written: a -shm file written past its first page
+  // is neither, so only the mount's wait for older views holds the fence.
+  const std::string shm = Mounted("acme") + "-shm";
+  int fd = ::open(shm.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  hold_writes_ = true;
+  std::atomic<ssize_t> written{-2};
+  std::thread writer([&] { written = ::pwrite(fd, "inside", 6, 8192); });
+  while (!held_.load()) std::this_thread::yield();  // the write passed its check
+  std::atomic<bool> fenced{false};
+  std::thread fencer([&] {
+    fs_->Publish(std::make_shared<const ServingView>());
+    fs_->WaitForFences();
+    fenced = true;
+  });
+  // However long the write takes, the fence waits for it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(fenced.load());
+  EXPECT_EQ(fs_->stats().fences.load(), 0u);
+  hold_writes_ = false;
+  writer.join();
+  fencer.join();
+  EXPECT_EQ(written.load(), 6);  // it was inside before the fence, so it finished
+  EXPECT_EQ(fs_->stats().fences.load(), 1u);
+  EXPECT_EQ(::pwrite(fd, "after!", 6, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("acme") + "-shm"), std::string(8192, '\0') + "inside");
 }
 
 TEST_F(FleetFsTest, a_range_served_again_at_the_same_epoch_keeps_handles_of_the_first_period_fenced) {

@@ -76,6 +76,7 @@ class Agent {
   void BeginDrain(std::string_view why);
   void BeginStop();
   void Finish();
+  void CloseLoopHandles();
   AgentSnapshot Snapshot() const;
   HttpResponse Serve(const std::string& method, const std::string& path) const;
 
@@ -347,13 +348,19 @@ void Agent::Finish() {
   }
   if (admin_) admin_->Close();
   uv_timer_stop(&wake_);
-  uv_close(reinterpret_cast<uv_handle_t*>(&wake_), nullptr);
-  uv_close(reinterpret_cast<uv_handle_t*>(&posted_async_), nullptr);
-  uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
-  uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+  CloseLoopHandles();
   // A store call that still hangs keeps its pool thread; it must not keep
   // the agent from exiting.
   if (work_in_flight_ > 0) uv_stop(&loop_);
+}
+
+void Agent::CloseLoopHandles() {
+  for (uv_handle_t* h : {reinterpret_cast<uv_handle_t*>(&wake_),
+                         reinterpret_cast<uv_handle_t*>(&posted_async_),
+                         reinterpret_cast<uv_handle_t*>(&sigterm_),
+                         reinterpret_cast<uv_handle_t*>(&sigint_)}) {
+    uv_close(h, nullptr);
+  }
 }
 
 // ---- what operators see ----
@@ -474,10 +481,7 @@ int Agent::Run(std::ostream& err) {
       return Serve(m, p);
     });
     if (!admin.ok()) {
-      uv_close(reinterpret_cast<uv_handle_t*>(&wake_), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&posted_async_), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+      CloseLoopHandles();
       uv_run(&loop_, UV_RUN_DEFAULT);
       uv_loop_close(&loop_);
       return fail(admin.status());

@@ -230,6 +230,22 @@ class FleetFs::Impl {
   int DoUnlink(fuse_ino_t parent, const char* name);
   int ListDir(fuse_ino_t ino, DirHandle& dir);
 
+  // Virtual-file and directory handles, kept so Stop can free what the
+  // kernel never releases.
+  template <typename H>
+  void Keep(std::unordered_set<H*>& set, H* h) {
+    std::lock_guard lock(other_handles_mu_);
+    set.insert(h);
+  }
+  template <typename H>
+  void Discard(std::unordered_set<H*>& set, H* h) {
+    {
+      std::lock_guard lock(other_handles_mu_);
+      set.erase(h);
+    }
+    delete h;
+  }
+
   void AddHandle(FileHandle* h) {
     std::lock_guard lock(handles_mu_);
     handles_.insert(h);
@@ -542,15 +558,13 @@ void FleetFs::Impl::RunFence(const FenceJob& job) {
     }
   }
   if (!job.ranges.empty()) {
-    std::size_t open = 0;
-    for (const ServedRange& r : job.ranges) open += OpenHandlesIn(r.first, r.last);
-    stats_.fences.fetch_add(job.ranges.size(), std::memory_order_relaxed);
-    stats_.handles_fenced.fetch_add(open, std::memory_order_relaxed);
     auto took = std::chrono::duration_cast<std::chrono::microseconds>(Now() - started);
+    stats_.fences.fetch_add(job.ranges.size(), std::memory_order_relaxed);
     for (const ServedRange& r : job.ranges) {
+      std::size_t open = OpenHandlesIn(r.first, r.last);
+      stats_.handles_fenced.fetch_add(open, std::memory_order_relaxed);
       spdlog::info("vfs: fenced range {}-{} epoch {}: {} open handles, {} names forgotten, in {} us",
-                   r.first, r.last, r.token.epoch, OpenHandlesIn(r.first, r.last),
-                   targets.size(), took.count());
+                   r.first, r.last, r.token.epoch, open, targets.size(), took.count());
     }
   }
 }
@@ -937,18 +951,13 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto h = std::make_unique<VirtualHandle>();
     const auto& make = ino == kStatusIno ? self.options_.status_json : self.options_.ranges_text;
     if (make) h->content = make();
-    {
-      std::lock_guard lock(self.other_handles_mu_);
-      self.virtual_handles_.insert(h.get());
-    }
+    self.Keep(self.virtual_handles_, h.get());
     fi->fh = reinterpret_cast<uintptr_t>(h.release());
     fi->direct_io = 1;
     self.stats_.Count(Op::kOpen);
     if (fuse_reply_open(req, fi) != 0) {  // interrupted: no release will come
-      std::lock_guard lock(self.other_handles_mu_);
-      auto* lost = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh));
-      self.virtual_handles_.erase(lost);
-      delete lost;
+      self.Discard(self.virtual_handles_,
+                   reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
     }
     return;
   }
@@ -1066,12 +1075,8 @@ void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   Impl& self = Self(req);
   self.stats_.Count(Op::kRelease);
   if (ino == kStatusIno || ino == kRangesIno) {
-    auto* h = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh));
-    {
-      std::lock_guard lock(self.other_handles_mu_);
-      self.virtual_handles_.erase(h);
-    }
-    delete h;
+    self.Discard(self.virtual_handles_,
+                 reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
   } else {
     FileHandle* h = HandleOf(fi);
     self.RemoveHandle(h);
@@ -1165,17 +1170,10 @@ void FleetFs::Impl::Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   // The listing is made at the first readdir: SQLite opens a directory only
   // to fsync it, once per new journal, and that must stay cheap.
   auto* dir = new DirHandle();
-  {
-    std::lock_guard lock(self.other_handles_mu_);
-    self.dir_handles_.insert(dir);
-  }
+  self.Keep(self.dir_handles_, dir);
   fi->fh = reinterpret_cast<uintptr_t>(dir);
   self.stats_.Count(Op::kOpendir);
-  if (fuse_reply_open(req, fi) != 0) {  // interrupted: no releasedir will come
-    std::lock_guard lock(self.other_handles_mu_);
-    self.dir_handles_.erase(dir);
-    delete dir;
-  }
+  if (fuse_reply_open(req, fi) != 0) self.Discard(self.dir_handles_, dir);  // interrupted
 }
 
 int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
@@ -1245,12 +1243,7 @@ void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
 
 void FleetFs::Impl::Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Impl& self = Self(req);
-  auto* dir = reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh));
-  {
-    std::lock_guard lock(self.other_handles_mu_);
-    self.dir_handles_.erase(dir);
-  }
-  delete dir;
+  self.Discard(self.dir_handles_, reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh)));
   fuse_reply_err(req, 0);
 }
 

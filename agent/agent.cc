@@ -16,6 +16,8 @@
 #include "agent/report.h"
 #include "agent/volume_lock.h"
 #include "fleet/clock.h"
+#include "fleet/replica_destination.h"
+#include "fleet/replicator.h"
 #include "lease/host_ownership.h"
 #include "lease/lease_ttl.h"
 #include "lease/refresher.h"
@@ -91,6 +93,7 @@ class Agent {
   uv_signal_t sigint_{};
 
   std::unique_ptr<lease::Refresher> refresher_;
+  std::unique_ptr<replica::Replicator> replicator_;  // null when replication is off
   std::unique_ptr<vfs::FleetFs> fs_;
   std::atomic<vfs::FleetFs*> fs_for_readers_{nullptr};  // set once mounted; read by any thread
   std::unique_ptr<AdminServer> admin_;
@@ -177,6 +180,11 @@ std::shared_ptr<const vfs::ServingView> Agent::BuildView() {
         p.period = next_period_++;
         spdlog::info("serving range {} at epoch {} (local lease {} left)", st.range.ToString(),
                      st.epoch->value(), lease::FormatDuration(st.lease_left));
+        if (replicator_ && (before == published_.end() || before->second.epoch != *st.epoch)) {
+          // A new epoch: the range's tenants that are missing or stale here
+          // come back from the replica in the background.
+          replicator_->Warm(st.range.first(), st.range.last(), st.epoch->value());
+        }
       }
       next[st.range] = p;
       served.push_back(vfs::ServedRange{st.range.first(), st.range.last(),
@@ -288,6 +296,7 @@ Status Agent::MountNow() {
   options.clock = &mono_;
   options.status_json = [this] { return StatusJson(Snapshot()).dump(2) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
+  options.hooks = replicator_.get();
   options.on_session_end = [this] {
     session_ended_ = true;
     uv_async_send(&posted_async_);
@@ -327,9 +336,20 @@ void Agent::BeginStop() {
   // flight, so after it nothing reaches a backing file.
   Publish();
   if (fs_) fs_->WaitForFences();
-  // Nothing is shipped yet (replication is not built), so nothing committed
-  // is left unshipped; the plan still refuses while a store call may land.
-  lease::ReleasePlan plan = refresher_->StartRelease(/*all_shipped=*/true);
+  // Every commit ships before the release; a range whose commits cannot ship
+  // within ttl/3 lapses instead, so no other host restores an older state
+  // while this one still holds newer commits.
+  bool all_shipped = true;
+  if (replicator_) {
+    all_shipped = replicator_->Flush(mono_.Now() + config_.ttl / 3);
+    if (all_shipped) {
+      spdlog::info("every commit is shipped to {}", config_.replica);
+    } else {
+      spdlog::warn("some commits could not be shipped to {} in time; the ranges lapse instead "
+                   "of being released", config_.replica);
+    }
+  }
+  lease::ReleasePlan plan = refresher_->StartRelease(all_shipped);
   releases_sent_ = plan.calls.size();
   if (plan.calls.empty()) {
     if (!plan.lapse_reason.empty()) spdlog::info("not releasing: {}", plan.lapse_reason);
@@ -346,6 +366,7 @@ void Agent::Finish() {
     fs_->Unmount();
     spdlog::info("unmounted {}", config_.mountpoint);
   }
+  if (replicator_) replicator_->Stop();
   if (admin_) admin_->Close();
   uv_timer_stop(&wake_);
   CloseLoopHandles();
@@ -388,6 +409,13 @@ AgentSnapshot Agent::Snapshot() const {
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();
   s.refreshes = refreshes_.load();
   if (fs) s.vfs = SnapshotOf(fs->stats(), fs->OpenHandles());
+  if (replicator_) {
+    s.replica = config_.replica;
+    s.replication = replicator_->Stats();
+    for (RangeSnapshot& r : s.ranges) {
+      r.replication_lag_s = replicator_->LagSeconds(r.status.range.first(), r.status.range.last());
+    }
+  }
   return s;
 }
 
@@ -428,6 +456,37 @@ int Agent::Run(std::ostream& err) {
   if (!store.ok()) return fail(store.status().WithContext("store"));
   auto host = lease::HostOwnership::Make(config_.owner, config_.ranges, config_.ttl);
   if (!host.ok()) return fail(host.status());
+
+  if (!config_.replica.empty()) {
+    auto dest = replica::OpenDestination(config_.replica);
+    if (!dest.ok()) return fail(dest.status().WithContext("replica"));
+    replica::ReplicatorOptions ro;
+    ro.backing = config_.backing;
+    ro.mode = config_.mode;
+    ro.destination = *dest;
+    ro.wall = &wall_;
+    ro.mono = &mono_;
+    ro.sync_interval = config_.sync_interval;
+    ro.snapshot_interval = config_.snapshot_interval;
+    ro.retention = config_.retention;
+    ro.serving_epoch = [this](Slot slot) -> std::optional<std::uint64_t> {
+      for (const auto& [range, epoch] : refresher_->Serving()) {
+        if (range.Contains(slot)) return epoch.value();
+      }
+      return std::nullopt;
+    };
+    ro.on_newer_epoch = [this](Slot slot, std::uint64_t newer) {
+      // Another host wrote a newer epoch: drop the range now, claim above it later.
+      if (auto range = refresher_->Lose(slot, Epoch(newer))) {
+        spdlog::error("dropping range {}: the replica holds epoch {} from another owner",
+                      range->ToString(), newer);
+      }
+      Post([] {});  // wakes the loop, which publishes the view without the range
+    };
+    auto replicator = replica::Replicator::Start(std::move(ro));
+    if (!replicator.ok()) return fail(replicator.status().WithContext("replica " + config_.replica));
+    replicator_ = std::move(*replicator);
+  }
 
   // Each range may keep one hung call on a pool thread; the rest must still run.
   std::size_t pool = std::min<std::size_t>(128, std::max<std::size_t>(4, config_.ranges.size() * 2 + 2));
@@ -496,10 +555,14 @@ int Agent::Run(std::ostream& err) {
 
   std::string ranges;
   for (const auto& r : config_.ranges) ranges += (ranges.empty() ? "" : ",") + r.ToString();
-  spdlog::info("fleetfs agent pid {} starting: owner '{}', ranges {}, store {}, ttl {}, admin {}",
+  spdlog::info("fleetfs agent pid {} starting: owner '{}', ranges {}, store {}, ttl {}, admin {}, "
+               "replica {}",
                ::getpid(), config_.owner.str(), ranges, config_.store,
                lease::FormatDuration(config_.ttl),
-               config_.admin ? config_.admin->ToString() : "off");
+               config_.admin ? config_.admin->ToString() : "off",
+               config_.replica.empty() ? "off"
+                                       : config_.replica + " every " +
+                                             lease::FormatDuration(config_.sync_interval));
   Step();  // the first claim; the mount follows when it has answered
   uv_run(&loop_, UV_RUN_DEFAULT);
   if (work_in_flight_ > 0) {

@@ -17,6 +17,7 @@
 
 #include "agent/agent.h"
 #include "agent/config.h"
+#include "agent/replica_cli.h"
 #include "fleet/layout.h"
 #include "fleet/slot.h"
 #include "lease/lease_ttl.h"
@@ -448,6 +449,22 @@ CONFIGURATION FILE (TOML; every key is also a flag, flags win)
   admin = "127.0.0.1:7878"        # or "off"; loopback only
   no_create = false
   shutdown_grace = "5s"
+  replica = "file:///var/lib/fleetfs/replica"   # or "off" (the default)
+  sync_interval = "1s"            # how often commits ship; 10ms to 600s
+  snapshot_interval = "1h"        # a new snapshot in a generation this often
+  retention = "72h"               # generations whose last commit is older go
+
+REPLICATION (with --replica)
+Every commit of a served database ships to the replica: WAL frames once
+their checksum chain reaches a commit frame, rollback-journal commits when the
+journal is finished. A WAL restart, truncation or delete waits until the old
+log's commits are captured; a commit never waits for the destination. The
+replica keeps generations tagged with the epoch they were written under, a
+snapshot first, then segments (zstd, XXH64). A missing main file is restored
+from the replica before its lookup answers; a file older than another owner's
+newer epoch at the replica is replaced first. Deleting a tenant through the
+mount writes a tombstone. A planned stop ships everything before releasing; a
+crash loses at most the commits of the last sync interval.
 
 ADMIN ENDPOINT
   /health   200 while every range is served or waiting; 503 with the reason
@@ -457,6 +474,37 @@ ADMIN ENDPOINT
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet
   fleetfs mount --config /etc/fleetfs/agent.toml --ranges 0-8191 --ttl 15s
+  fleetfs mount --replica file:///srv/fleet-replica --sync-interval 200ms
+)";
+
+constexpr const char* kReplicaFooter = R"(
+TENANT is a tenant id (tenant mode) or any routing key (with --mode slot).
+--replica is the destination an agent ships to (file:///ABSOLUTE/DIR).
+
+  ls      generations, oldest first: epoch, first and last commit (local
+          time), commits, bytes; the newest epoch is what a restore takes
+  verify  restores the newest generation to a temporary file and runs
+          PRAGMA integrity_check; exit 0 only when it says ok
+
+A corrupt or missing object fails with a message naming it (exit 1).
+
+EXAMPLES
+  fleetfs replica ls acme --replica file:///var/lib/fleetfs/replica
+  fleetfs replica verify acme --replica file:///var/lib/fleetfs/replica
+)";
+
+constexpr const char* kRestoreFooter = R"(
+Rebuilds TENANT's database from the replica into FILE, which must not exist
+(restore never overwrites; a failed restore leaves no file). Without --at,
+the newest generation of the newest epoch, with every commit it holds. With
+--at TIME, exactly the commits made up to TIME: write
+YYYY-MM-DDTHH:MM:SS[.mmm] (local time), the same ending in Z (UTC), or
+@MILLISECONDS since the Unix epoch. Shows progress on a terminal.
+
+EXAMPLES
+  fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
+  fleetfs restore acme --replica file:///var/lib/fleetfs/replica \
+      --at 2026-11-29T16:30:00 -o /tmp/acme-1630.db
 )";
 
 constexpr const char* kStatusFooter = R"(
@@ -549,6 +597,43 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                       ->default_str("5s");
   auto* o_no_create =
       mount->add_flag("--no-create", no_create, "Refuse creating new tenant files (EPERM)");
+  std::string replica_url, sync_interval, snapshot_interval, retention;
+  auto* o_replica = mount->add_option("--replica", replica_url,
+                                      "Replica destination (file:///ABSOLUTE/DIR), or 'off'")
+                        ->default_str("off");
+  auto* o_sync = mount->add_option("--sync-interval", sync_interval, "How often commits ship")
+                     ->default_str("1s");
+  auto* o_snap = mount->add_option("--snapshot-interval", snapshot_interval,
+                                   "How often a generation takes a new snapshot")
+                     ->default_str("1h");
+  auto* o_retention = mount->add_option("--retention", retention,
+                                        "Generations whose last commit is older are removed")
+                          ->default_str("72h");
+
+  ReplicaArgs rargs;
+  auto* replica_cmd = app.add_subcommand("replica", "Inspect a tenant's replica");
+  replica_cmd->require_subcommand(1);
+  replica_cmd->footer(kReplicaFooter);
+  auto add_replica_args = [&](CLI::App* cmd) {
+    cmd->add_option("TENANT", rargs.tenant, "Tenant id (or routing key with --mode slot)")
+        ->required();
+    cmd->add_option("--replica", rargs.replica, "Replica destination (file:///ABSOLUTE/DIR)")
+        ->required();
+    cmd->add_option("--mode", rargs.mode, "Layout: 'tenant' or 'slot'")->default_str("tenant");
+  };
+  auto* replica_ls = replica_cmd->add_subcommand("ls", "List a tenant's generations");
+  add_replica_args(replica_ls);
+  replica_ls->add_flag("--json", rargs.json, "Print JSON (times in ms since the Unix epoch)");
+  auto* replica_verify = replica_cmd->add_subcommand(
+      "verify", "Restore to a temporary file and run PRAGMA integrity_check");
+  add_replica_args(replica_verify);
+  auto* restore_cmd =
+      app.add_subcommand("restore", "Rebuild a tenant's database from its replica into a file");
+  restore_cmd->footer(kRestoreFooter);
+  add_replica_args(restore_cmd);
+  restore_cmd->add_option("--at", rargs.at, "Point in time (default: the newest commit)");
+  restore_cmd->add_option("-o,--output", rargs.output, "The file to write (must not exist)")
+      ->required();
 
   std::string status_mount = kDefaultMount;
   bool status_json = false;
@@ -603,11 +688,18 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     set(o_admin, admin, mount_input.admin);
     set(o_grace, grace, mount_input.shutdown_grace);
     if (o_no_create->count() > 0) mount_input.no_create = true;
+    set(o_replica, replica_url, mount_input.replica);
+    set(o_sync, sync_interval, mount_input.sync_interval);
+    set(o_snap, snapshot_interval, mount_input.snapshot_interval);
+    set(o_retention, retention, mount_input.retention);
     auto config = ResolveConfig(mount_input);
     if (!config.ok()) return Fail(err, config.status());
     return RunAgent(*config, err);
   }
   if (status->parsed()) return RunStatus(status_mount, status_json, out, err);
+  if (replica_ls->parsed()) return RunReplicaLs(rargs, out, err);
+  if (replica_verify->parsed()) return RunReplicaVerify(rargs, out, err);
+  if (restore_cmd->parsed()) return RunRestore(rargs, out, err);
   if (slot->parsed()) return RunSlot(keys, slot_mode, slot_json, out, err);
   if (ls->parsed()) return RunLeaseLs(args, out, err);
   if (claim->parsed()) return RunLeaseChange(LeaseVerb::kClaim, args, out, err);

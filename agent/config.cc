@@ -9,6 +9,7 @@
 #include <cstring>
 #include <toml++/toml.h>
 
+#include "fleet/replica_destination.h"
 #include "lease/lease_ttl.h"
 #include "lease/store_url.h"
 
@@ -17,7 +18,8 @@ namespace {
 
 constexpr const char* kKeys[] = {"backing", "mount",   "mode",  "owner",
                                  "ranges",  "store",   "ttl",   "admin",
-                                 "no_create", "shutdown_grace"};
+                                 "no_create", "shutdown_grace", "replica", "sync_interval",
+                                 "snapshot_interval", "retention"};
 
 Status KeyError(std::string_view key, std::string_view what) {
   return InvalidArgument(std::string(key) + ": " + std::string(what));
@@ -114,7 +116,8 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
         return InvalidArgument("config file " + file + ": unknown key '" +
                                std::string(key.str()) +
                                "'; the keys are backing, mount, mode, owner, ranges, store, ttl, "
-                               "admin, no_create, shutdown_grace");
+                               "admin, no_create, shutdown_grace, replica, sync_interval, snapshot_interval, "
+                               "retention");
       }
     }
     auto fill = [&](std::optional<std::string>& slot, std::string_view key) -> Status {
@@ -131,6 +134,10 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
     FLEETFS_RETURN_IF_ERROR(fill(merged.ttl, "ttl"));
     FLEETFS_RETURN_IF_ERROR(fill(merged.admin, "admin"));
     FLEETFS_RETURN_IF_ERROR(fill(merged.shutdown_grace, "shutdown_grace"));
+    FLEETFS_RETURN_IF_ERROR(fill(merged.replica, "replica"));
+    FLEETFS_RETURN_IF_ERROR(fill(merged.sync_interval, "sync_interval"));
+    FLEETFS_RETURN_IF_ERROR(fill(merged.snapshot_interval, "snapshot_interval"));
+    FLEETFS_RETURN_IF_ERROR(fill(merged.retention, "retention"));
     if (const toml::node* node = table.get("no_create")) {
       if (!node->is_boolean()) return KeyError("no_create", "in " + file + ", must be true or false");
       file_no_create = *node->value<bool>();
@@ -190,6 +197,36 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
     return KeyError("shutdown_grace", "must be at most 600s");
   }
   config.shutdown_grace = *grace;
+
+  config.replica = merged.replica.value_or("off");
+  if (config.replica == "off") {
+    config.replica.clear();
+  } else if (Status url = replica::ValidateDestinationUrl(config.replica); !url.ok()) {
+    return url;
+  }
+  struct Bounded {
+    const char* key;
+    const std::optional<std::string>& value;
+    const char* fallback;
+    Millis min, max;
+    Millis* out;
+  };
+  for (const Bounded& b : {
+           Bounded{"sync_interval", merged.sync_interval, "1s", Millis(10), Millis(600'000),
+                   &config.sync_interval},
+           Bounded{"snapshot_interval", merged.snapshot_interval, "1h", Millis(1000),
+                   Millis(30LL * 86'400'000), &config.snapshot_interval},
+           Bounded{"retention", merged.retention, "72h", Millis(60'000),
+                   Millis(3650LL * 86'400'000), &config.retention},
+       }) {
+    auto d = lease::ParseDuration(b.key, b.value.value_or(b.fallback));
+    if (!d.ok()) return d.status();
+    if (*d < b.min || *d > b.max) {
+      return KeyError(b.key, "must be between " + lease::FormatDuration(b.min) + " and " +
+                                 lease::FormatDuration(b.max));
+    }
+    *b.out = *d;
+  }
 
   config.allow_create = !(input.no_create.value_or(false) || file_no_create);
   return config;

@@ -34,13 +34,17 @@ struct AgentConfig {
   bool allow_create = true;
   Millis shutdown_grace{5000};  // how long open handles may finish at SIGTERM
   int fuse_threads = 10;
+  std::string replica;  // "" (off) or a destination URL (file:///DIR)
+  Millis sync_interval{1000};
+  Millis snapshot_interval{3600 * 1000};
+  Millis retention{72 * 3600 * 1000};
 };
 
 // The raw values, each as given; unset means "from the file, else the default".
 struct ConfigInput {
   std::optional<std::string> config_file;
   std::optional<std::string> backing, mountpoint, mode, owner, ranges, store, ttl, admin,
-      shutdown_grace;
+      shutdown_grace, replica, sync_interval, snapshot_interval, retention;
   std::optional<bool> no_create;
 };
 

@@ -83,6 +83,7 @@ Json StatusJson(const AgentSnapshot& s) {
         {"fence_floor", st.fence_floor},
         {"open_files", r.open_files},
     };
+    if (s.replication) range["replication_lag_s"] = r.replication_lag_s;
     if (st.serving) {
       // On CLOCK_MONOTONIC, the clock every process of the host shares.
       range["local_lease_end_monotonic_s"] =
@@ -120,8 +121,29 @@ Json StatusJson(const AgentSnapshot& s) {
       {"ranges", ranges},
       {"open_files", s.vfs ? s.vfs->open_handles : 0},
       {"fenced_operations", s.vfs ? s.vfs->fenced : 0},
-      {"replication", "not yet built: commits are not shipped to a replica"},
   };
+  if (s.replication) {
+    const replica::ReplicationStats& r = *s.replication;
+    doc["replication"] = {
+        {"replica", s.replica},
+        {"transactions_shipped", r.txns_shipped},
+        {"bytes_shipped", r.bytes_shipped},
+        {"snapshots", r.snapshots},
+        {"segments", r.segments},
+        {"upload_failures", r.upload_failures},
+        {"restores", r.restores},
+        {"restore_failures", r.restore_failures},
+        {"stale_replaced", r.stale_replaced},
+        {"tombstones", r.tombstones},
+        {"tenants", r.tenants},
+        {"tenants_unshipped", r.unshipped_tenants},
+        {"lag_p50_s", r.lag_p50_s},
+        {"lag_p99_s", r.lag_p99_s},
+        {"failing", r.failing},
+    };
+  } else {
+    doc["replication"] = "off: no --replica is configured; commits are not shipped";
+  }
   HttpResponse health = Health(s);
   doc["health"] = {{"ok", health.status == 200}, {"reason", health.body}};
   return doc;
@@ -138,6 +160,7 @@ std::string RangesText(const AgentSnapshot& s) {
       out << " held_by " << st.holder->owner << " until "
           << lease::FormatWallTime(st.holder->lease_expires_ms);
     }
+    if (s.replication) out << " replication_lag " << r.replication_lag_s << "s";
     out << '\n';
   }
   return out.str();
@@ -162,6 +185,10 @@ HttpResponse Health(const AgentSnapshot& s) {
     if (st.last == RangeOutcome::kLost) return unhealthy(name + " was lost to a newer epoch");
     if (st.epoch) return unhealthy(name + " lapsed at epoch " + st.epoch->ToString());
     return unhealthy(name + " is not claimed yet");
+  }
+  if (s.replication && !s.replication->failing.empty()) {
+    return unhealthy("the replicator cannot write to " + s.replica + ": " +
+                     s.replication->failing);
   }
   return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
 }
@@ -225,6 +252,39 @@ std::string MetricsText(const AgentSnapshot& s) {
           << "\",errno=\"" << vfs::ErrKindName(static_cast<vfs::ErrKind>(j)) << "\"} "
           << v.errors[i][j] << '\n';
     }
+  }
+  if (s.replication) {
+    const replica::ReplicationStats& r = *s.replication;
+    help("fleetfs_range_replication_lag_seconds", "gauge",
+         "Seconds since the oldest commit of the range not yet shipped; 0 when all are.");
+    for (const auto& rs : s.ranges) {
+      out << "fleetfs_range_replication_lag_seconds{range=\"" << rs.status.range.ToString()
+          << "\"} " << rs.replication_lag_s << '\n';
+    }
+    auto counter = [&](std::string_view name, std::string_view text, std::uint64_t v) {
+      help(name, "counter", text);
+      out << name << ' ' << v << '\n';
+    };
+    counter("fleetfs_replication_transactions_shipped_total", "Transactions shipped in segments.",
+            r.txns_shipped);
+    counter("fleetfs_replication_bytes_shipped_total", "Bytes put at the destination.",
+            r.bytes_shipped);
+    counter("fleetfs_replication_snapshots_total", "Snapshots put.", r.snapshots);
+    counter("fleetfs_replication_upload_failures_total", "Destination calls that failed.",
+            r.upload_failures);
+    counter("fleetfs_replication_restores_total", "Tenants restored from the replica.", r.restores);
+    counter("fleetfs_replication_restore_failures_total", "Restores that failed.",
+            r.restore_failures);
+    counter("fleetfs_replication_stale_replaced_total",
+            "Files replaced because another owner wrote a newer epoch.", r.stale_replaced);
+    counter("fleetfs_replication_tombstones_total", "Tombstones put for deleted tenants.",
+            r.tombstones);
+    help("fleetfs_replication_lag_seconds", "gauge",
+         "Commit-to-shipped time over the last shipped commits.");
+    out << "fleetfs_replication_lag_seconds{quantile=\"0.5\"} " << r.lag_p50_s << '\n';
+    out << "fleetfs_replication_lag_seconds{quantile=\"0.99\"} " << r.lag_p99_s << '\n';
+    help("fleetfs_replication_failing", "gauge", "1 while uploads to the destination fail.");
+    out << "fleetfs_replication_failing " << (r.failing.empty() ? 0 : 1) << '\n';
   }
   return out.str();
 }

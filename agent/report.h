@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/admin_server.h"
+#include "fleet/replicator.h"
 #include "lease/host_ownership.h"
 #include "vfs/vfs_stats.h"
 
@@ -26,6 +27,7 @@ std::string_view OutcomeKindName(Outcome outcome);
 struct RangeSnapshot {
   lease::RangeStatus status;
   std::size_t open_files = 0;
+  double replication_lag_s = 0;  // since the oldest commit not yet shipped; 0 when none
 };
 
 struct VfsSnapshot {
@@ -49,6 +51,8 @@ struct AgentSnapshot {
   std::array<std::uint64_t, static_cast<std::size_t>(Outcome::kCount)> outcomes{};
   std::uint64_t refreshes = 0;
   std::optional<VfsSnapshot> vfs;  // nullopt before the mount
+  std::string replica;             // destination URL; empty when replication is off
+  std::optional<replica::ReplicationStats> replication;
 };
 
 // "serving", "waiting", "lost", "failed", "lapsed", "pending" or "stopped".

@@ -9,6 +9,7 @@ packages=(
   # libraries (see README, "Dependencies")
   libsqlite3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libfuse3-dev libuv1-dev libspdlog-dev libtomlplusplus-dev libhttp-parser-dev
+  libzstd-dev libxxhash-dev
   # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
   fuse3
   # tests: real clients and servers the tests drive

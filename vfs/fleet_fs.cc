@@ -65,13 +65,20 @@ struct FileInode {
   ino_t backing_ino = 0;
   UniqueFd path_fd;
   std::uint64_t nlookup = 0;  // guarded by Impl::inodes_mu_
+  // The newest epoch this main file was prepared and stamped for: lookups
+  // under it need no replica check.
+  std::atomic<std::uint64_t> exposed_epoch{0};
 };
 
 struct FileHandle {
   UniqueFd fd;
   std::shared_ptr<FileInode> inode;
   ServingToken token;
+  std::shared_ptr<TenantWatch> watch;  // replication's, for main, -wal and -journal
 };
+
+// DoLookupFile handed the request to the replicator; the reply comes later.
+constexpr int kDeferred = -1;
 
 struct VirtualHandle {
   std::string content;
@@ -217,10 +224,17 @@ class FleetFs::Impl {
                                       UniqueFd path_fd, const struct stat& st);
   void ForgetOne(fuse_ino_t ino, uint64_t nlookup);
 
-  int DoLookup(const ServingView& view, fuse_ino_t parent, const char* name,
-               fuse_entry_param* e);
-  int DoLookupFile(const ServingView& view, int bucket, std::string_view name,
-                   fuse_entry_param* e);
+  int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
+               fuse_entry_param* e, bool prepared);
+  int DoLookupFile(fuse_req_t req, const ServingView& view, int bucket, std::string_view name,
+                   fuse_entry_param* e, bool prepared);
+  // A main file needs the replicator before it is exposed under `epoch`.
+  bool NeedsPrepare(const FileInode* inode, std::uint64_t epoch) const;
+  void Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
+             std::uint64_t epoch);
+  std::shared_ptr<TenantWatch> WatchOf(const FileInode& inode, std::uint64_t epoch) {
+    return options_.hooks ? options_.hooks->Watch(inode.file, epoch) : nullptr;
+  }
   // Records a negative entry; false when too many are remembered to cache more.
   bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot);
   int DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -717,13 +731,21 @@ bool FleetFs::Impl::RememberNegative(fuse_ino_t parent, std::string_view name, S
 // before every transaction. The names are remembered, and a claim makes the
 // kernel forget those of its ranges, so no cached absence outlives the claim.
 // Names in unserved slots are answered with an error, which is never cached.
-int FleetFs::Impl::DoLookupFile(const ServingView& view, int bucket, std::string_view name,
-                                fuse_entry_param* e) {
+int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int bucket,
+                                std::string_view name, fuse_entry_param* e, bool prepared) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
-  if (!view.accepting() || view.Find(file->slot, Now()) == nullptr) return ENOENT;
+  const ServedRange* served = view.accepting() ? view.Find(file->slot, Now()) : nullptr;
+  if (served == nullptr) return ENOENT;
+  const std::uint64_t epoch = served->token.epoch;
   const fuse_ino_t parent = kFirstBucketIno + static_cast<fuse_ino_t>(bucket);
+  const bool main = file->role == FileRole::kMain && options_.hooks != nullptr;
   auto absent = [&] {
+    if (main && !prepared) {
+      // Missing here: the replica may hold it. Restored before it is exposed.
+      Defer(req, parent, std::string(name), *file, epoch);
+      return kDeferred;
+    }
     if (!RememberNegative(parent, name, file->slot)) return ENOENT;
     e->ino = 0;  // a negative entry, cached for entry_timeout
     return 0;
@@ -737,6 +759,12 @@ int FleetFs::Impl::DoLookupFile(const ServingView& view, int bucket, std::string
   if (::fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return ENOENT;  // a symlink or device is no fleet file
   auto inode = Remember(bucket, name, *file, std::move(fd), st);
+  if (main && !prepared && NeedsPrepare(inode.get(), epoch)) {
+    ForgetOne(inode->ino, 1);  // the deferred lookup counts its own
+    Defer(req, parent, std::move(n), *file, epoch);
+    return kDeferred;
+  }
+  if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   st.st_ino = inode->ino;
   e->ino = inode->ino;
   e->attr = st;
@@ -745,8 +773,43 @@ int FleetFs::Impl::DoLookupFile(const ServingView& view, int bucket, std::string
   return 0;
 }
 
-int FleetFs::Impl::DoLookup(const ServingView& view, fuse_ino_t parent, const char* name,
-                            fuse_entry_param* e) {
+bool FleetFs::Impl::NeedsPrepare(const FileInode* inode, std::uint64_t epoch) const {
+  if (inode->exposed_epoch.load() >= epoch) return false;
+  // The stamp is read here, on the FUSE thread: a local call, and the common
+  // answer ("already stamped for this epoch") needs nothing more.
+  char buf[32];
+  ssize_t n = ::getxattr(ProcPath(inode->path_fd.get()).c_str(), kEpochXattr.data(), buf,
+                         sizeof buf - 1);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  return std::strtoull(buf, nullptr, 10) < epoch;
+}
+
+void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
+                          const FleetFile& file, std::uint64_t epoch) {
+  stats_.Count(Op::kLookup);
+  // The reply comes from the replicator's thread: no FUSE worker waits.
+  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name)](int err) {
+    if (err != 0) {
+      stats_.CountError(Op::kLookup, err);
+      fuse_reply_err(req, err);
+      return;
+    }
+    auto view = View();
+    fuse_entry_param e{};
+    int rc = DoLookup(req, *view, parent, name.c_str(), &e, /*prepared=*/true);
+    if (rc != 0) {
+      stats_.CountError(Op::kLookup, rc);
+      fuse_reply_err(req, rc);
+      return;
+    }
+    if (e.ino == 0) stats_.CountError(Op::kLookup, ENOENT);
+    fuse_reply_entry(req, &e);
+  });
+}
+
+int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent,
+                            const char* name, fuse_entry_param* e, bool prepared) {
   std::string_view n(name);
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
@@ -770,7 +833,7 @@ int FleetFs::Impl::DoLookup(const ServingView& view, fuse_ino_t parent, const ch
     e->attr_timeout = 0;
     return 0;
   }
-  if (IsBucketIno(parent)) return DoLookupFile(view, BucketOfIno(parent), n, e);
+  if (IsBucketIno(parent)) return DoLookupFile(req, view, BucketOfIno(parent), n, e, prepared);
   return ENOENT;
 }
 
@@ -780,7 +843,8 @@ void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
   // lookup under an older view has answered, so it sees their negative entries.
   auto view = self.View();
   fuse_entry_param e{};
-  int err = self.DoLookup(*view, parent, name, &e);
+  int err = self.DoLookup(req, *view, parent, name, &e, /*prepared=*/false);
+  if (err == kDeferred) return;
   if (self.Failed(req, Op::kLookup, err)) return;
   if (e.ino == 0) self.stats_.CountError(Op::kLookup, ENOENT);
   fuse_reply_entry(req, &e);
@@ -850,6 +914,11 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
     }
   }
   if (to_set & FUSE_SET_ATTR_SIZE) {
+    std::shared_ptr<TenantWatch> watch =
+        h != nullptr ? h->watch
+                     : WatchOf(*inode, view->Find(inode->file.slot, Now())->token.epoch);
+    WriteGuard guard;
+    if (watch) guard = watch->BeforeTruncate(inode->file.role, static_cast<std::uint64_t>(attr->st_size));
     int rc = h != nullptr ? ::ftruncate(h->fd.get(), attr->st_size)
                           : ::truncate(proc.c_str(), attr->st_size);
     if (rc != 0) return errno;
@@ -908,14 +977,28 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;
   auto view = View();
-  if (!view->accepting() || view->Find(file->slot, Now()) == nullptr) return ENOENT;
+  const ServedRange* served = view->accepting() ? view->Find(file->slot, Now()) : nullptr;
+  if (served == nullptr) return ENOENT;
   int bfd = BucketFd(bucket);
   if (bfd < 0) return ENOENT;
   // Only regular files are fleet files; anything else stays hidden.
   struct stat st;
   if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return ENOENT;
-  if (::unlinkat(bfd, name, 0) != 0) return errno;
+  {
+    // Deleting a WAL is the last moment to capture its commits; finishing a
+    // journal is a commit.
+    std::shared_ptr<TenantWatch> watch;
+    if (options_.hooks && file->role != FileRole::kMain) {
+      watch = options_.hooks->Watch(*file, served->token.epoch);
+    }
+    WriteGuard guard;
+    if (watch) guard = watch->BeforeUnlink(file->role);
+    if (::unlinkat(bfd, name, 0) != 0) return errno;
+  }
+  if (file->role == FileRole::kMain && options_.hooks) {
+    options_.hooks->Deleted(*file, served->token.epoch);  // a tombstone: not restored behind the user
+  }
   if (file->role == FileRole::kMain) {
     // Deleting the main file deletes the tenant: its sidecars go with it.
     FenceJob forget;
@@ -982,6 +1065,7 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (self.Failed(req, Op::kOpen, err)) return;
   h->inode = inode;
   h->token = served->token;
+  h->watch = self.WatchOf(*inode, served->token.epoch);
   // Every process goes through this mount, so cached pages stay true; a
   // fence drops them.
   fi->keep_cache = 1;
@@ -1043,10 +1127,12 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   if (!path_fd.valid()) return errno;
   if (::fstat(fd.get(), &st) != 0) return errno;
   auto inode = Remember(bucket, name, *file, std::move(path_fd), st);
+  if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(served->token.epoch);
   auto h = std::make_unique<FileHandle>();
   h->fd = std::move(fd);
   h->inode = inode;
   h->token = served->token;
+  h->watch = WatchOf(*inode, served->token.epoch);
   st.st_ino = inode->ino;
   e->ino = inode->ino;
   e->attr = st;
@@ -1131,6 +1217,12 @@ void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t si
   ssize_t n = 0;
   if (err == 0) {
     if (self.options_.before_backing_write) self.options_.before_backing_write();
+    // Replication sees the change first; a WAL restart waits here until the
+    // old log's commits are captured.
+    WriteGuard guard;
+    if (h->watch) {
+      guard = h->watch->BeforeWrite(h->inode->file.role, static_cast<std::uint64_t>(off), buf, size);
+    }
     n = ::pwrite(h->fd.get(), buf, size, off);
     if (n < 0) err = errno;
   }

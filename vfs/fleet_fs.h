@@ -27,6 +27,7 @@
 #include "fleet/clock.h"
 #include "fleet/layout.h"
 #include "fleet/status.h"
+#include "fleet/tenant_hooks.h"
 #include "vfs/serving_view.h"
 #include "vfs/vfs_stats.h"
 
@@ -49,6 +50,10 @@ struct MountOptions {
   // Called on the FUSE thread just before a write reaches the backing file,
   // with the operation's view held. Tests use it to keep a write in flight.
   std::function<void()> before_backing_write;
+  // Replication (may be null): told of every change to a main file, -wal or
+  // -journal before it reaches the disk, and asked to prepare each main file
+  // before its first exposure under an epoch. Must outlive the mount.
+  TenantHooks* hooks = nullptr;
 };
 
 class FleetFs {

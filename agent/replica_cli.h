@@ -1,0 +1,26 @@
+// The `fleetfs replica ls|verify` and `fleetfs restore` commands: read a
+// tenant's replica at a destination, without an agent.
+//
+// Thread-safety: each call runs alone.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+
+namespace fleetfs::agent {
+
+struct ReplicaArgs {
+  std::string tenant;
+  std::string replica;
+  std::string mode = "tenant";
+  std::string at;      // restore: a time, "" for the newest
+  std::string output;  // restore: the file to write
+  bool json = false;
+};
+
+int RunReplicaLs(const ReplicaArgs& args, std::ostream& out, std::ostream& err);
+int RunRestore(const ReplicaArgs& args, std::ostream& out, std::ostream& err);
+int RunReplicaVerify(const ReplicaArgs& args, std::ostream& out, std::ostream& err);
+
+}  // namespace fleetfs::agent

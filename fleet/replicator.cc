@@ -1,0 +1,1232 @@
+#include "fleet/replicator.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <unordered_map>
+
+#include "fleet/replica_catalog.h"
+#include "fleet/replica_object.h"
+#include "fleet/unique_fd.h"
+#include "fleet/wal_format.h"
+
+namespace fleetfs::replica {
+namespace {
+
+constexpr std::string_view kEpochXattr = "user.fleetfs.epoch";
+constexpr std::string_view kKeyXattr = "user.fleetfs.key";
+constexpr std::string_view kMarkerDir = ".fleetfs/unshipped";
+constexpr std::string_view kSpoolDir = ".fleetfs/spool";
+// Captured transactions kept in memory while the destination does not take
+// them; beyond this they are dropped and the next generation starts with a
+// snapshot (a gap), so memory stays bounded and nothing committed is lost
+// locally.
+constexpr std::uint64_t kMaxCapturedBytes = 256ull << 20;
+constexpr std::size_t kLagSamples = 4096;
+constexpr std::uint8_t kJournalMagic[8] = {0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7};
+
+std::uint32_t Be32(const void* p) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
+         b[3];
+}
+
+std::string MarkerName(const FleetFile& main) {
+  std::string m = main.main_path;
+  std::replace(m.begin(), m.end(), '/', '-');
+  return m;
+}
+
+std::optional<std::uint64_t> ReadStamp(const std::string& path) {
+  char buf[32];
+  ssize_t n = ::getxattr(path.c_str(), kEpochXattr.data(), buf, sizeof buf - 1);
+  if (n <= 0) return std::nullopt;
+  buf[n] = '\0';
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(buf, &end, 10);
+  if (end != buf + n) return std::nullopt;
+  return v;
+}
+
+std::optional<std::string> ReadKeyStamp(const std::string& path) {
+  char buf[256];
+  ssize_t n = ::getxattr(path.c_str(), kKeyXattr.data(), buf, sizeof buf);
+  if (n < 0) return std::nullopt;
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
+// Page size from a database header (bytes 16-17; 1 means 65536).
+std::uint32_t DbPageSize(int fd) {
+  std::uint8_t h[2];
+  if (::pread(fd, h, 2, 16) != 2) return 4096;
+  std::uint32_t v = (std::uint32_t{h[0]} << 8) | h[1];
+  if (v == 1) return 65536;
+  if (v < 512 || (v & (v - 1)) != 0) return 4096;
+  return v;
+}
+
+}  // namespace
+
+class Tenant;
+
+class Replicator::Impl {
+ public:
+  explicit Impl(ReplicatorOptions options) : o_(std::move(options)) {}
+  ~Impl() { Stop(); }
+
+  Status Start();
+  void Stop();
+  std::shared_ptr<TenantWatch> Watch(const FleetFile& file, std::uint64_t epoch);
+  void Prepare(const FleetFile& main, std::uint64_t epoch, std::function<void(int)> done,
+               bool warm);
+  void Deleted(const FleetFile& main, std::uint64_t epoch);
+  void Warm(Slot first, Slot last, std::uint64_t epoch);
+  bool Flush(MonoTime deadline);
+  double LagSeconds(Slot first, Slot last) const;
+  ReplicationStats Stats() const;
+
+  // Used by Tenant.
+  const ReplicatorOptions& options() const { return o_; }
+  int root() const { return root_.get(); }
+  WallMs NowMs() const { return o_.wall->NowMs(); }
+
+ private:
+  struct Flight {
+    FleetFile main;
+    std::uint64_t epoch = 0;
+    std::vector<std::function<void(int)>> waiters;
+    bool started = false;
+    bool warm = false;
+  };
+  struct Tombstone {
+    FleetFile main;
+    std::uint64_t epoch = 0;
+    WallMs when = 0;
+  };
+
+  std::shared_ptr<Tenant> TenantFor(const FleetFile& main, bool create);
+  void UploadLoop();
+  void SyncAll();
+  // One round for one tenant; true when it has nothing left to ship.
+  bool Sync(Tenant& t);
+  Status UploadSegment(Tenant& t);
+  Status StartGeneration(Tenant& t, const std::vector<GenerationId>& gens);
+  Status PeriodicSnapshot(Tenant& t);
+  Result<UniqueFd> TakeSnapshot(Tenant& t, std::vector<Txn>* before);
+  void UploadTombstones();
+  void PrepareLoop();
+  int RunPrepare(const Flight& f);
+  int RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace);
+  void ResetTenant(const FleetFile& main);
+  void EnsureBucket(int bucket);
+  void RecordFailure(const Status& st);
+  void RecordSuccess();
+  void RecordLag(WallMs commit_ms, WallMs shipped_ms);
+
+  ReplicatorOptions o_;
+  UniqueFd root_;
+
+  mutable std::mutex tenants_mu_;  // guards the three below; taken before any Tenant's locks
+  std::unordered_map<std::string, std::shared_ptr<Tenant>> tenants_;  // key: main path
+  std::unordered_map<std::string, std::uint64_t> deleted_;  // main path -> epoch of the delete
+  std::vector<Tombstone> tombstones_;                       // not yet at the destination
+
+  std::mutex upload_mu_;  // guards the wake flags; taken alone
+  std::condition_variable upload_cv_;
+  bool upload_stop_ = false;
+  bool upload_wake_ = false;
+  std::thread uploader_;
+
+  std::mutex prep_mu_;  // guards the flights and queues; taken alone
+  std::condition_variable prep_cv_;
+  std::unordered_map<std::string, std::shared_ptr<Flight>> flights_;
+  std::deque<std::shared_ptr<Flight>> high_, low_;
+  int low_running_ = 0;
+  bool prep_stop_ = false;
+  std::vector<std::thread> preparers_;
+  std::mutex warm_mu_;  // guards warm_threads_; taken alone
+  std::vector<std::thread> warm_threads_;
+
+  mutable std::mutex stats_mu_;  // guards stats_ and the lag ring; taken alone
+  ReplicationStats stats_;
+  std::vector<double> lags_;
+  std::size_t lag_next_ = 0;
+
+  friend class Tenant;
+};
+
+// ---- one tenant's capture state ----
+
+class Tenant final : public TenantWatch {
+ public:
+  Tenant(Replicator::Impl& r, FleetFile main) : r_(r), main_(std::move(main)) {
+    key_dir_ = KeyDir(main_);
+    // What is on disk now: a WAL in use, or a hot journal left by a crash.
+    struct stat st;
+    wal_exists_ = ::fstatat(r_.root(), (main_.main_path + "-wal").c_str(), &st, 0) == 0;
+    UniqueFd j(::openat(r_.root(), (main_.main_path + "-journal").c_str(), O_RDONLY | O_CLOEXEC));
+    std::uint8_t magic[8] = {};
+    journal_hot_ = j.valid() && ::pread(j.get(), magic, 8, 0) == 8 &&
+                   std::memcmp(magic, kJournalMagic, 8) == 0;
+  }
+
+  WriteGuard BeforeWrite(FileRole role, std::uint64_t off, const char* data,
+                         std::size_t size) override {
+    if (role == FileRole::kJournal && off == 0 && size >= 8 &&
+        std::memcmp(data, kJournalMagic, 8) == 0) {
+      // A transaction begins: it waits while a snapshot is wanted, before it
+      // takes the gate, so the snapshot can take the gate once it ends.
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !want_snapshot_; });
+        if (!journal_hot_) dirty_.clear();
+        journal_hot_ = true;
+        NoteWriteLocked();
+      }
+      gate_.LockShared();
+      return WriteGuard(&gate_, {});
+    }
+    gate_.LockShared();
+    std::unique_lock lock(mu_);
+    NoteWriteLocked();
+    switch (role) {
+      case FileRole::kMain:
+        if (journal_hot_) {
+          dirty_.emplace_back(off, size);
+        } else if (!wal_exists_) {
+          // Neither journaled nor in a WAL (journal_mode OFF or MEMORY): no
+          // commit can be seen, so the next ship is a snapshot.
+          need_generation_ = true;
+        }
+        return WriteGuard(&gate_, {});
+      case FileRole::kWal:
+        wal_exists_ = true;
+        if (off == 0) {
+          // A new log header: a restart (or the first). The last moment to
+          // capture the old log's commits; the write waits, and the lock is
+          // held until it lands so no reader sees half of it.
+          CaptureWalLocked();
+          commit_seen_.clear();
+          if (size >= wal::kHeaderSize) wal_page_size_ = Be32(data + 8);
+          return WriteGuard(&gate_, std::move(lock));
+        }
+        if (wal_page_size_ == 0) LearnWalPageSize();
+        if (wal_page_size_ != 0 && off >= wal::kHeaderSize && size >= 8 &&
+            (off - wal::kHeaderSize) % (wal::kFrameHeaderSize + wal_page_size_) == 0 &&
+            Be32(data + 4) != 0) {
+          commit_seen_.emplace(off, r_.NowMs());  // the commit time, for point-in-time
+        }
+        return WriteGuard(&gate_, {});
+      case FileRole::kJournal:
+        if (off == 0 && size >= 8 && std::all_of(data, data + 8, [](char c) { return c == 0; })) {
+          FinishJournalLocked();  // PERSIST: a zeroed header is the commit
+        }
+        return WriteGuard(&gate_, {});
+      default:
+        return WriteGuard(&gate_, {});
+    }
+  }
+
+  WriteGuard BeforeTruncate(FileRole role, std::uint64_t size) override {
+    gate_.LockShared();
+    std::unique_lock lock(mu_);
+    NoteWriteLocked();
+    if (role == FileRole::kWal) {
+      CaptureWalLocked();
+      if (size == 0) {
+        cursor_ = {};
+        commit_seen_.clear();
+      }
+      return WriteGuard(&gate_, std::move(lock));
+    }
+    if (role == FileRole::kJournal && size == 0) FinishJournalLocked();  // TRUNCATE mode
+    if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) need_generation_ = true;
+    return WriteGuard(&gate_, {});
+  }
+
+  WriteGuard BeforeUnlink(FileRole role) override {
+    gate_.LockShared();
+    std::unique_lock lock(mu_);
+    if (role == FileRole::kWal) {
+      CaptureWalLocked();
+      cursor_ = {};
+      commit_seen_.clear();
+      wal_exists_ = false;
+      wal_page_size_ = 0;
+      return WriteGuard(&gate_, std::move(lock));
+    }
+    if (role == FileRole::kJournal) FinishJournalLocked();  // DELETE mode
+    return WriteGuard(&gate_, {});
+  }
+
+  const FleetFile& main() const { return main_; }
+  const std::string& key_dir() const { return key_dir_; }
+
+  // Everything below is used by Replicator::Impl.
+  void NoteWriteLocked() {
+    ++writes_seen_;
+    if (!marker_present_) {
+      std::string marker = std::string(kMarkerDir) + "/" + MarkerName(main_);
+      UniqueFd fd(::openat(r_.root(), marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+      if (!fd.valid()) spdlog::warn("replica: cannot mark {} unshipped: {}", main_.main_path, std::strerror(errno));
+      marker_present_ = true;
+    }
+  }
+
+  void RemoveMarkerLocked() {
+    if (!marker_present_) return;
+    std::string marker = std::string(kMarkerDir) + "/" + MarkerName(main_);
+    ::unlinkat(r_.root(), marker.c_str(), 0);
+    marker_present_ = false;
+  }
+
+  void LearnWalPageSize() {
+    UniqueFd fd(::openat(r_.root(), (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
+    std::uint8_t h[wal::kHeaderSize];
+    if (fd.valid() && ::pread(fd.get(), h, sizeof h, 0) == static_cast<ssize_t>(sizeof h)) {
+      if (auto header = wal::ParseHeader(h, sizeof h)) wal_page_size_ = header->page_size;
+    }
+  }
+
+  void PushLocked(Txn txn) {
+    captured_bytes_ += txn.Bytes();
+    captured_.push_back(std::move(txn));
+    if (captured_bytes_ > kMaxCapturedBytes) {
+      spdlog::warn("replica: {} has {} MiB of commits the destination has not taken; dropping "
+                   "them, the next generation starts with a snapshot",
+                   main_.main_path, captured_bytes_ >> 20);
+      captured_.clear();
+      captured_bytes_ = 0;
+      need_generation_ = true;
+    }
+  }
+
+  // Reads the commits the log holds after the cursor.
+  void CaptureWalLocked() {
+    UniqueFd fd(::openat(r_.root(), (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return;
+    auto read = wal::ReadCommitted(fd.get(), cursor_);
+    if (!read.ok()) {
+      spdlog::error("replica: reading the WAL of {}: {}", main_.main_path, read.status().message());
+      return;
+    }
+    const WallMs now = r_.NowMs();
+    for (auto& c : read->txns) {
+      Txn t;
+      auto seen = commit_seen_.find(c.commit_frame_offset);
+      t.commit_ms = seen != commit_seen_.end() ? seen->second : now;
+      t.db_size = std::uint64_t{c.db_pages} * c.page_size;
+      for (auto& [pgno, data] : c.pages) {
+        t.writes.push_back(PageWrite{std::uint64_t{pgno - 1} * c.page_size, std::move(data)});
+      }
+      commit_seen_.erase(commit_seen_.begin(), commit_seen_.upper_bound(c.commit_frame_offset));
+      PushLocked(std::move(t));
+    }
+  }
+
+  // The journal is finished: the main file's written ranges are the commit.
+  void FinishJournalLocked() {
+    if (!journal_hot_) return;
+    journal_hot_ = false;
+    cv_.notify_all();
+    UniqueFd fd(::openat(r_.root(), main_.main_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return;
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return;
+    const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t page = DbPageSize(fd.get());
+    std::vector<std::uint64_t> pages;
+    for (auto [off, len] : dirty_) {
+      for (std::uint64_t p = off / page; p * page < off + len; ++p) pages.push_back(p);
+    }
+    dirty_.clear();
+    std::sort(pages.begin(), pages.end());
+    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+    Txn t;
+    t.commit_ms = r_.NowMs();
+    t.db_size = size;
+    for (std::uint64_t p : pages) {
+      if (p * page >= size) continue;
+      PageWrite w{p * page, std::string(std::min<std::uint64_t>(page, size - p * page), '\0')};
+      if (::pread(fd.get(), w.data.data(), w.data.size(), static_cast<off_t>(w.offset)) !=
+          static_cast<ssize_t>(w.data.size())) {
+        spdlog::error("replica: reading {} at commit: {}", main_.main_path, std::strerror(errno));
+        need_generation_ = true;
+        return;
+      }
+      t.writes.push_back(std::move(w));
+    }
+    PushLocked(std::move(t));
+  }
+
+  Replicator::Impl& r_;
+  const FleetFile main_;
+  std::string key_dir_;
+  WriteGate gate_;
+  std::mutex ship_mu_;  // serializes shipping; order: ship_mu_, gate_, mu_
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;  // journal_hot_ and want_snapshot_ changes
+  std::uint64_t epoch_ = 0;
+  wal::WalCursor cursor_;
+  std::uint32_t wal_page_size_ = 0;
+  std::map<std::uint64_t, WallMs> commit_seen_;  // commit frame offset -> first seen
+  bool wal_exists_ = false;
+  bool journal_hot_ = false;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> dirty_;
+  bool want_snapshot_ = false;
+  std::deque<Txn> captured_;
+  std::uint64_t captured_bytes_ = 0;
+  bool need_generation_ = true;
+  std::optional<GenerationId> gen_;
+  std::uint64_t next_seq_ = 0;
+  WallMs last_snapshot_ms_ = 0;
+  std::uint64_t commits_since_snapshot_ = 0;
+  std::uint64_t stopped_below_ = 0;  // a newer epoch at the destination: ship nothing below it
+  bool deleted_ = false;
+  bool marker_present_ = false;
+  std::uint64_t writes_seen_ = 0;
+};
+
+// ---- start and stop ----
+
+Status Replicator::Impl::Start() {
+  root_ = UniqueFd(::open(o_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root_.valid()) return ErrnoStatus("opening the backing directory " + o_.backing, errno);
+  ::mkdirat(root_.get(), ".fleetfs", 0700);
+  for (std::string_view dir : {kMarkerDir, kSpoolDir}) {
+    if (::mkdirat(root_.get(), std::string(dir).c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus("making " + o_.backing + "/" + std::string(dir), errno);
+    }
+  }
+  if (Status probe = o_.destination->Probe(); !probe.ok()) {
+    return probe.WithContext("the replica destination cannot be written");
+  }
+  // Tenants left with unshipped commits by an agent that ended.
+  UniqueFd mfd(::openat(root_.get(), std::string(kMarkerDir).c_str(),
+                        O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (DIR* d = mfd.valid() ? ::fdopendir(mfd.Release()) : nullptr) {
+    int found = 0;
+    while (dirent* e = ::readdir(d)) {
+      std::string_view n = e->d_name;
+      if (n.size() < 5 || n[3] != '-') continue;
+      auto bucket = ParseBucketName(n.substr(0, 3));
+      auto file = bucket ? ParseFleetName(o_.mode, *bucket, n.substr(4)) : std::nullopt;
+      if (!file || file->role != FileRole::kMain) continue;
+      auto t = TenantFor(*file, true);
+      std::lock_guard lock(t->mu_);
+      t->marker_present_ = true;
+      ++found;
+    }
+    ::closedir(d);
+    if (found > 0) {
+      spdlog::info("replica: {} tenants have commits an earlier run did not ship; they ship in "
+                   "new generations once their ranges are served", found);
+    }
+  }
+  lags_.reserve(kLagSamples);
+  uploader_ = std::thread([this] { UploadLoop(); });
+  for (int i = 0; i < std::max(1, o_.prepare_threads); ++i) {
+    preparers_.emplace_back([this] { PrepareLoop(); });
+  }
+  return Status::Ok();
+}
+
+void Replicator::Impl::Stop() {
+  {
+    std::lock_guard lock(upload_mu_);
+    upload_stop_ = true;
+  }
+  upload_cv_.notify_all();
+  if (uploader_.joinable()) uploader_.join();
+  {
+    std::lock_guard lock(prep_mu_);
+    prep_stop_ = true;
+  }
+  prep_cv_.notify_all();
+  for (auto& t : preparers_) t.join();
+  preparers_.clear();
+  std::vector<std::thread> warm;
+  {
+    std::lock_guard lock(warm_mu_);
+    warm.swap(warm_threads_);
+  }
+  for (auto& t : warm) t.join();
+  // Lookups still waiting get an error rather than no answer.
+  std::vector<std::shared_ptr<Flight>> left;
+  {
+    std::lock_guard lock(prep_mu_);
+    for (auto& [k, f] : flights_) left.push_back(f);
+    flights_.clear();
+  }
+  for (auto& f : left) {
+    for (auto& w : f->waiters) w(EIO);
+  }
+}
+
+// ---- the hooks ----
+
+std::shared_ptr<Tenant> Replicator::Impl::TenantFor(const FleetFile& main, bool create) {
+  std::lock_guard lock(tenants_mu_);
+  auto it = tenants_.find(main.main_path);
+  if (it != tenants_.end()) return it->second;
+  if (!create) return nullptr;
+  auto t = std::make_shared<Tenant>(*this, main);
+  tenants_.emplace(main.main_path, t);
+  return t;
+}
+
+std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std::uint64_t epoch) {
+  if (file.role != FileRole::kMain && file.role != FileRole::kWal &&
+      file.role != FileRole::kJournal) {
+    return nullptr;
+  }
+  FleetFile main = file;
+  main.role = FileRole::kMain;
+  {
+    // The tenant exists again after a delete: its tombstone is superseded.
+    std::lock_guard lock(tenants_mu_);
+    if (deleted_.erase(main.main_path) > 0) {
+      std::erase_if(tombstones_, [&](const Tombstone& t) { return t.main.main_path == main.main_path; });
+    }
+  }
+  auto t = TenantFor(main, true);
+  std::lock_guard lock(t->mu_);
+  if (epoch > t->epoch_) t->epoch_ = epoch;
+  return t;
+}
+
+void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
+  std::shared_ptr<Tenant> t;
+  {
+    std::lock_guard lock(tenants_mu_);
+    auto it = tenants_.find(main.main_path);
+    if (it != tenants_.end()) {
+      t = it->second;
+      tenants_.erase(it);
+    }
+    deleted_[main.main_path] = epoch;
+    tombstones_.push_back(Tombstone{main, epoch, NowMs()});
+  }
+  if (t) {
+    std::lock_guard lock(t->mu_);
+    t->deleted_ = true;
+    t->captured_.clear();
+    t->captured_bytes_ = 0;
+    t->RemoveMarkerLocked();
+  }
+  {
+    std::lock_guard lock(upload_mu_);
+    upload_wake_ = true;
+  }
+  upload_cv_.notify_all();
+}
+
+// ---- shipping ----
+
+void Replicator::Impl::UploadLoop() {
+  // Fixed rate: a commit waits at most one interval (plus the round's own
+  // time) however long the previous round took.
+  std::unique_lock lock(upload_mu_);
+  auto next = std::chrono::steady_clock::now() + o_.sync_interval;
+  while (!upload_stop_) {
+    upload_cv_.wait_until(lock, next, [&] { return upload_stop_ || upload_wake_; });
+    if (upload_stop_) break;
+    upload_wake_ = false;
+    auto now = std::chrono::steady_clock::now();
+    if (now >= next) next = std::max(next + o_.sync_interval, now);
+    lock.unlock();
+    SyncAll();
+    lock.lock();
+  }
+}
+
+void Replicator::Impl::SyncAll() {
+  UploadTombstones();
+  std::vector<std::shared_ptr<Tenant>> all;
+  {
+    std::lock_guard lock(tenants_mu_);
+    for (auto& [k, t] : tenants_) all.push_back(t);
+  }
+  for (auto& t : all) Sync(*t);
+}
+
+void Replicator::Impl::UploadTombstones() {
+  std::vector<Tombstone> todo;
+  {
+    std::lock_guard lock(tenants_mu_);
+    todo = tombstones_;
+  }
+  for (const Tombstone& tomb : todo) {
+    std::string dir = KeyDir(tomb.main);
+    auto gens = ListGenerations(*o_.destination, dir);
+    Status st = gens.status();
+    if (st.ok() && gens->empty()) {
+      // Nothing was ever shipped: nothing to hide.
+    } else if (st.ok()) {
+      GenerationId gen{tomb.epoch, gens->back().index + 1};
+      if (gens->back().epoch > tomb.epoch) {
+        gen = GenerationId{};  // a newer owner's generation: the delete is not ours to record
+      } else {
+        st = o_.destination->Put(ObjectPath(dir, gen, ObjectId{0, ObjectKind::kTombstone}),
+                                 EncodeTombstone(tomb.when));
+        if (st.ok()) {
+          spdlog::info("replica: {} deleted at epoch {}: tombstone {}", tomb.main.main_path,
+                       tomb.epoch, gen.Name());
+          std::lock_guard lock(stats_mu_);
+          ++stats_.tombstones;
+        }
+      }
+    }
+    if (!st.ok()) {
+      RecordFailure(st);
+      continue;
+    }
+    std::lock_guard lock(tenants_mu_);
+    std::erase_if(tombstones_, [&](const Tombstone& t) {
+      return t.main.main_path == tomb.main.main_path && t.when == tomb.when;
+    });
+  }
+}
+
+bool Replicator::Impl::Sync(Tenant& t) {
+  std::lock_guard ship(t.ship_mu_);
+  std::uint64_t writes_at_scan = 0;
+  bool has_captured = false, need_gen = false, periodic = false;
+  std::uint64_t epoch = 0;
+  {
+    std::lock_guard lock(t.mu_);
+    if (t.deleted_) return true;
+    if (!t.want_snapshot_) t.CaptureWalLocked();
+    writes_at_scan = t.writes_seen_;
+    if (auto serving = o_.serving_epoch ? o_.serving_epoch(t.main().slot) : std::nullopt;
+        serving && *serving > t.epoch_) {
+      t.epoch_ = *serving;
+    }
+    if (t.gen_ && t.gen_->epoch != t.epoch_) t.need_generation_ = true;
+    epoch = t.epoch_;
+    has_captured = !t.captured_.empty();
+    need_gen = t.need_generation_ && t.marker_present_;
+    periodic = t.gen_ && !t.need_generation_ && t.commits_since_snapshot_ > 0 &&
+               NowMs() - t.last_snapshot_ms_ >= o_.snapshot_interval.count();
+    if (!has_captured && !need_gen && !periodic) {
+      if (t.writes_seen_ == writes_at_scan && !t.journal_hot_ && t.commit_seen_.empty() &&
+          !t.need_generation_) {
+        t.RemoveMarkerLocked();
+      }
+      return !t.marker_present_ || !t.need_generation_;
+    }
+    if (epoch == 0 || epoch < t.stopped_below_) return false;  // nothing we may ship under
+  }
+  const bool serving_now = o_.serving_epoch && o_.serving_epoch(t.main().slot) == epoch;
+  if (need_gen && !serving_now) return false;  // a generation starts only while served
+  auto gens = ListGenerations(*o_.destination, t.key_dir());
+  if (!gens.ok()) {
+    RecordFailure(gens.status());
+    return false;
+  }
+  if (!gens->empty() && gens->back().epoch > epoch) {
+    const std::uint64_t newer = gens->back().epoch;
+    {
+      std::lock_guard lock(t.mu_);
+      t.stopped_below_ = newer + 1;
+    }
+    spdlog::error("replica: {} has epoch {} at {} (ours is {}): another host owns it now; stopping "
+                  "its shipping and dropping its range",
+                  t.main().main_path, newer, o_.destination->url(), epoch);
+    {
+      std::lock_guard lock(stats_mu_);
+      ++stats_.newer_epochs;
+    }
+    if (o_.on_newer_epoch) o_.on_newer_epoch(t.main().slot, newer);
+    return false;
+  }
+  Status st;
+  if (need_gen) {
+    st = StartGeneration(t, *gens);
+  } else if (periodic) {
+    st = PeriodicSnapshot(t);
+  } else {
+    st = UploadSegment(t);
+  }
+  if (!st.ok()) {
+    RecordFailure(st.WithContext("shipping " + t.main().main_path));
+    return false;
+  }
+  RecordSuccess();
+  std::lock_guard lock(t.mu_);
+  if (t.captured_.empty() && !t.need_generation_ && t.writes_seen_ == writes_at_scan &&
+      !t.journal_hot_ && t.commit_seen_.empty()) {
+    t.RemoveMarkerLocked();
+    return true;
+  }
+  return t.captured_.empty() && !t.need_generation_;
+}
+
+Status Replicator::Impl::UploadSegment(Tenant& t) {
+  std::vector<Txn> txns;
+  GenerationId gen;
+  std::uint64_t seq = 0;
+  {
+    std::lock_guard lock(t.mu_);
+    if (t.captured_.empty() || !t.gen_) return Status::Ok();
+    txns.assign(std::make_move_iterator(t.captured_.begin()),
+                std::make_move_iterator(t.captured_.end()));
+    t.captured_.clear();
+    t.captured_bytes_ = 0;
+    gen = *t.gen_;
+    seq = t.next_seq_;
+  }
+  std::string bytes = EncodeSegment(txns);
+  Status st = o_.destination->Put(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSegment}),
+                                  bytes);
+  std::lock_guard lock(t.mu_);
+  if (!st.ok()) {
+    // Back in front, in order: the next round tries the same number again.
+    for (auto it = txns.rbegin(); it != txns.rend(); ++it) {
+      t.captured_bytes_ += it->Bytes();
+      t.captured_.push_front(std::move(*it));
+    }
+    return st;
+  }
+  t.next_seq_ = seq + 1;
+  t.commits_since_snapshot_ += txns.size();
+  const WallMs now = NowMs();
+  for (const Txn& x : txns) RecordLag(x.commit_ms, now);
+  std::lock_guard s(stats_mu_);
+  stats_.txns_shipped += txns.size();
+  stats_.bytes_shipped += bytes.size();
+  ++stats_.segments;
+  return Status::Ok();
+}
+
+Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* before) {
+  {
+    std::unique_lock lock(t.mu_);
+    t.want_snapshot_ = true;
+    if (!t.cv_.wait_for(lock, std::chrono::seconds(2), [&] { return !t.journal_hot_; })) {
+      t.want_snapshot_ = false;
+      t.cv_.notify_all();
+      return Unavailable("a transaction on " + t.main().main_path +
+                         " stayed open for 2 s; the snapshot is retried at the next sync");
+    }
+  }
+  // Every write to the main file and its WAL waits from here until the copy is
+  // done, so the copy is one consistent state.
+  t.gate_.Lock();
+  std::unique_lock lock(t.mu_);
+  auto done = [&] {
+    t.want_snapshot_ = false;
+    t.cv_.notify_all();
+    lock.unlock();
+    t.gate_.Unlock();
+  };
+  t.CaptureWalLocked();
+  if (before) before->assign(std::make_move_iterator(t.captured_.begin()),
+                             std::make_move_iterator(t.captured_.end()));
+  t.captured_.clear();
+  t.captured_bytes_ = 0;
+  UniqueFd main(::openat(root_.get(), t.main().main_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!main.valid()) {
+    Status st = ErrnoStatus("opening " + t.main().main_path + " for a snapshot", errno);
+    done();
+    return st;
+  }
+  struct stat st;
+  ::fstat(main.get(), &st);
+  std::uint64_t db_size = static_cast<std::uint64_t>(st.st_size);
+  // The committed frames of the whole log, newest version of each page.
+  std::map<std::uint32_t, std::string> overlay;
+  std::uint32_t page = 0;
+  UniqueFd walfd(::openat(root_.get(), (t.main().main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
+  if (walfd.valid()) {
+    wal::WalCursor fresh;
+    auto read = wal::ReadCommitted(walfd.get(), fresh);
+    if (read.ok() && !read->txns.empty()) {
+      for (auto& c : read->txns) {
+        page = c.page_size;
+        db_size = std::uint64_t{c.db_pages} * c.page_size;
+        for (auto& [pgno, data] : c.pages) overlay[pgno] = std::move(data);
+      }
+    }
+  }
+  std::string spool = std::string(kSpoolDir) + "/" + MarkerName(t.main()) + ".snap";
+  UniqueFd out(::openat(root_.get(), spool.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!out.valid()) {
+    Status s = ErrnoStatus("making the snapshot spool file " + spool, errno);
+    done();
+    return s;
+  }
+  SnapshotOwner owner{st.st_uid, st.st_gid, st.st_mode & 07777};
+  Status written = WriteSnapshot(
+      main.get(), db_size, NowMs(), owner,
+      [&](std::uint64_t off, char* buf, std::size_t n) {
+        if (overlay.empty() || page == 0) return;
+        for (std::uint64_t p = off / page; p * page < off + n; ++p) {
+          auto it = overlay.find(static_cast<std::uint32_t>(p + 1));
+          if (it != overlay.end() && p * page >= off) {
+            std::memcpy(buf + (p * page - off), it->second.data(),
+                        std::min<std::size_t>(page, off + n - p * page));
+          }
+        }
+      },
+      out.get());
+  done();
+  if (!written.ok()) return written.WithContext("snapshot of " + t.main().main_path);
+  return out;
+}
+
+Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<GenerationId>& gens) {
+  {
+    bool continues = false;
+    {
+      std::lock_guard lock(t.mu_);
+      continues = t.gen_ && t.gen_->epoch == t.epoch_ && !t.captured_.empty();
+    }
+    // What the current generation can still take goes there first.
+    if (continues) FLEETFS_RETURN_IF_ERROR(UploadSegment(t));
+  }
+  FLEETFS_ASSIGN_OR_RETURN(UniqueFd snap, TakeSnapshot(t, nullptr));
+  std::uint64_t epoch;
+  {
+    std::lock_guard lock(t.mu_);
+    epoch = t.epoch_;
+  }
+  GenerationId gen{epoch, gens.empty() ? 1 : gens.back().index + 1};
+  struct stat st;
+  ::fstat(snap.get(), &st);
+  Status put = o_.destination->PutFile(
+      ObjectPath(t.key_dir(), gen, ObjectId{0, ObjectKind::kSnapshot}), snap.get());
+  if (!put.ok()) return put;
+  spdlog::info("replica: {} ships generation {} at epoch {} (snapshot, {} bytes)",
+               t.main().main_path, gen.Name(), epoch, st.st_size);
+  {
+    std::lock_guard lock(t.mu_);
+    t.gen_ = gen;
+    t.next_seq_ = 1;
+    t.need_generation_ = false;
+    t.last_snapshot_ms_ = NowMs();
+    t.commits_since_snapshot_ = 0;
+  }
+  {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.snapshots;
+    stats_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
+  }
+  auto pruned = PruneGenerations(*o_.destination, t.key_dir(), NowMs() - o_.retention.count());
+  if (pruned.ok() && *pruned > 0) {
+    spdlog::info("replica: {}: removed {} generations older than the retention", t.main().main_path,
+                 *pruned);
+  }
+  return Status::Ok();
+}
+
+Status Replicator::Impl::PeriodicSnapshot(Tenant& t) {
+  FLEETFS_RETURN_IF_ERROR(UploadSegment(t));
+  std::vector<Txn> before;
+  FLEETFS_ASSIGN_OR_RETURN(UniqueFd snap, TakeSnapshot(t, &before));
+  GenerationId gen;
+  std::uint64_t seq;
+  {
+    std::lock_guard lock(t.mu_);
+    gen = *t.gen_;
+    seq = t.next_seq_;
+  }
+  if (!before.empty()) {
+    Status st = o_.destination->Put(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSegment}),
+                                    EncodeSegment(before));
+    if (!st.ok()) {
+      // The snapshot covers these commits, but the generation's numbering
+      // must stay whole: start a new generation instead.
+      std::lock_guard lock(t.mu_);
+      t.need_generation_ = true;
+      return st;
+    }
+    ++seq;
+  }
+  Status st = o_.destination->PutFile(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSnapshot}),
+                                      snap.get());
+  std::lock_guard lock(t.mu_);
+  if (!st.ok()) {
+    t.next_seq_ = seq;
+    return st;
+  }
+  t.next_seq_ = seq + 1;
+  t.last_snapshot_ms_ = NowMs();
+  t.commits_since_snapshot_ = 0;
+  std::lock_guard s(stats_mu_);
+  ++stats_.snapshots;
+  return Status::Ok();
+}
+
+bool Replicator::Impl::Flush(MonoTime deadline) {
+  while (true) {
+    UploadTombstones();
+    std::vector<std::shared_ptr<Tenant>> all;
+    {
+      std::lock_guard lock(tenants_mu_);
+      for (auto& [k, t] : tenants_) all.push_back(t);
+    }
+    bool clean = true;
+    for (auto& t : all) clean = Sync(*t) && clean;
+    {
+      std::lock_guard lock(tenants_mu_);
+      clean = clean && tombstones_.empty();
+    }
+    if (clean) return true;
+    if (o_.mono->Now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// ---- prepare: restore before exposure ----
+
+void Replicator::Impl::Prepare(const FleetFile& main, std::uint64_t epoch,
+                               std::function<void(int)> done, bool warm) {
+  std::unique_lock lock(prep_mu_);
+  if (prep_stop_) {
+    lock.unlock();
+    if (done) done(EIO);
+    return;
+  }
+  auto it = flights_.find(main.main_path);
+  if (it != flights_.end()) {
+    auto& f = it->second;
+    if (done) f->waiters.push_back(std::move(done));
+    if (!warm && f->warm && !f->started) {
+      f->warm = false;  // a lookup waits now: it goes first
+      high_.push_back(f);
+      prep_cv_.notify_one();
+    }
+    return;
+  }
+  auto f = std::make_shared<Flight>();
+  f->main = main;
+  f->epoch = epoch;
+  f->warm = warm;
+  if (done) f->waiters.push_back(std::move(done));
+  flights_.emplace(main.main_path, f);
+  (warm ? low_ : high_).push_back(f);
+  prep_cv_.notify_one();
+}
+
+void Replicator::Impl::PrepareLoop() {
+  std::unique_lock lock(prep_mu_);
+  while (true) {
+    prep_cv_.wait(lock, [&] {
+      return prep_stop_ || !high_.empty() ||
+             (!low_.empty() && low_running_ < std::max(1, o_.warm_parallel));
+    });
+    if (prep_stop_) return;
+    std::shared_ptr<Flight> f;
+    bool from_low = false;
+    if (!high_.empty()) {
+      f = high_.front();
+      high_.pop_front();
+    } else {
+      f = low_.front();
+      low_.pop_front();
+      from_low = true;
+    }
+    if (f->started) continue;
+    f->started = true;
+    if (from_low) ++low_running_;
+    lock.unlock();
+    int err = RunPrepare(*f);
+    lock.lock();
+    if (from_low) --low_running_;
+    auto it = flights_.find(f->main.main_path);
+    if (it != flights_.end() && it->second == f) flights_.erase(it);
+    auto waiters = std::move(f->waiters);
+    lock.unlock();
+    for (auto& w : waiters) w(err);
+    lock.lock();
+    prep_cv_.notify_all();
+  }
+}
+
+int Replicator::Impl::RunPrepare(const Flight& f) {
+  const FleetFile& main = f.main;
+  if (f.warm && (!o_.serving_epoch || o_.serving_epoch(main.slot) != f.epoch)) return 0;
+  {
+    std::lock_guard lock(tenants_mu_);
+    if (deleted_.count(main.main_path) > 0) return 0;  // deleted here: not brought back
+  }
+  const std::string full = o_.backing + "/" + main.main_path;
+  struct stat st;
+  if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno != ENOENT) return errno;
+    return RestoreInPlace(main, f.epoch, /*replace=*/false);
+  }
+  if (!S_ISREG(st.st_mode)) return 0;  // the mount hides it
+  if (auto key = ReadKeyStamp(full); key && *key != main.key) {
+    spdlog::error("replica: {} says it belongs to '{}', not '{}'; refusing to expose it",
+                  main.main_path, *key, main.key);
+    return EIO;
+  }
+  std::uint64_t stamp = ReadStamp(full).value_or(0);
+  if (stamp >= f.epoch) return 0;
+  auto newest = NewestEpoch(*o_.destination, KeyDir(main));
+  if (!newest.ok()) {
+    spdlog::error("replica: cannot tell whether {} is stale: {}", main.main_path,
+                  newest.status().message());
+    RecordFailure(newest.status());
+    return EIO;
+  }
+  if (*newest && **newest > stamp && **newest != f.epoch) {
+    spdlog::warn("replica: {} on disk is stamped epoch {}, the replica holds epoch {} from another "
+                 "owner; replacing it from the replica before exposing it at epoch {}",
+                 main.main_path, stamp, **newest, f.epoch);
+    int err = RestoreInPlace(main, f.epoch, /*replace=*/true);
+    if (err == 0) {
+      std::lock_guard lock(stats_mu_);
+      ++stats_.stale_replaced;
+    }
+    return err;
+  }
+  std::string e = std::to_string(f.epoch);
+  if (::setxattr(full.c_str(), kEpochXattr.data(), e.data(), e.size(), 0) != 0 ||
+      ::setxattr(full.c_str(), kKeyXattr.data(), main.key.data(), main.key.size(), 0) != 0) {
+    spdlog::warn("replica: cannot raise the epoch stamp of {}: {}", main.main_path,
+                 std::strerror(errno));
+  }
+  return 0;
+}
+
+void Replicator::Impl::EnsureBucket(int bucket) {
+  struct stat root;
+  std::string name = BucketName(bucket);
+  if (::fstat(root_.get(), &root) == 0 && ::mkdirat(root_.get(), name.c_str(), root.st_mode & 07777) == 0) {
+    UniqueFd dir(::openat(root_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir.valid() && ::fchown(dir.get(), root.st_uid, root.st_gid) != 0) {
+      spdlog::warn("replica: cannot give {} to the backing root's owner", name);
+    }
+  }
+}
+
+int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace) {
+  const int bucket = main.slot / kSlotsPerBucket;
+  EnsureBucket(bucket);
+  const auto started = o_.mono->Now();
+  static std::atomic<std::uint64_t> counter{0};
+  const std::string name = main.main_path.substr(4);
+  // No fleet name starts with '.', so the mount never shows the staging file.
+  const std::string staging = BucketName(bucket) + "/." + name + ".restoring-" +
+                              std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  UniqueFd fd(::openat(root_.get(), staging.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    spdlog::error("replica: cannot make the staging file {}: {}", staging, std::strerror(errno));
+    return EIO;
+  }
+  auto discard = [&] { ::unlinkat(root_.get(), staging.c_str(), 0); };
+  auto outcome = RestoreTo(*o_.destination, KeyDir(main), std::nullopt, fd.get());
+  if (!outcome.ok()) {
+    discard();
+    spdlog::error("replica: restoring {}: {}", main.main_path, outcome.status().message());
+    RecordFailure(outcome.status());
+    std::lock_guard lock(stats_mu_);
+    ++stats_.restore_failures;
+    return EIO;
+  }
+  auto remove_set = [&](bool with_main) {
+    for (std::string_view suffix : {"-wal", "-shm", "-journal"}) {
+      ::unlinkat(root_.get(), (main.main_path + std::string(suffix)).c_str(), 0);
+    }
+    if (with_main) ::unlinkat(root_.get(), main.main_path.c_str(), 0);
+  };
+  if (outcome->result != RestoreResult::kRestored) {
+    discard();
+    if (replace && outcome->result == RestoreResult::kDeleted) {
+      spdlog::warn("replica: {} was deleted by epoch {}; removing the stale local copy",
+                   main.main_path, outcome->generation.epoch);
+      ResetTenant(main);
+      remove_set(true);
+    }
+    return 0;
+  }
+  std::string e = std::to_string(epoch);
+  if (::fsetxattr(fd.get(), kEpochXattr.data(), e.data(), e.size(), 0) != 0 ||
+      ::fsetxattr(fd.get(), kKeyXattr.data(), main.key.data(), main.key.size(), 0) != 0 ||
+      ::fchown(fd.get(), outcome->owner.uid, outcome->owner.gid) != 0 ||
+      ::fchmod(fd.get(), outcome->owner.mode != 0 ? outcome->owner.mode : 0644) != 0 ||
+      ::fsync(fd.get()) != 0) {
+    int err = errno;
+    discard();
+    spdlog::error("replica: preparing the restored {}: {}", main.main_path, std::strerror(err));
+    return EIO;
+  }
+  ResetTenant(main);
+  // Stray sidecars would replay onto the restored file: they go first.
+  remove_set(replace);
+  if (::linkat(root_.get(), staging.c_str(), root_.get(), main.main_path.c_str(), 0) != 0) {
+    int err = errno;
+    discard();
+    if (err == EEXIST) return 0;  // made meanwhile: that file wins
+    spdlog::error("replica: publishing the restored {}: {}", main.main_path, std::strerror(err));
+    return EIO;
+  }
+  discard();
+  UniqueFd dir(::openat(root_.get(), BucketName(bucket).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.valid()) ::fsync(dir.get());
+  auto ms = std::chrono::duration_cast<Millis>(o_.mono->Now() - started).count();
+  spdlog::info("replica: restored {} from generation {} ({} commits after its snapshot, {} bytes) "
+               "in {} ms",
+               main.main_path, outcome->generation.Name(), outcome->commits, outcome->bytes, ms);
+  std::lock_guard lock(stats_mu_);
+  ++stats_.restores;
+  return 0;
+}
+
+void Replicator::Impl::ResetTenant(const FleetFile& main) {
+  auto t = TenantFor(main, false);
+  if (!t) return;
+  std::lock_guard ship(t->ship_mu_);
+  std::lock_guard lock(t->mu_);
+  t->cursor_ = {};
+  t->commit_seen_.clear();
+  t->captured_.clear();
+  t->captured_bytes_ = 0;
+  t->journal_hot_ = false;
+  t->dirty_.clear();
+  t->wal_exists_ = false;
+  t->wal_page_size_ = 0;
+  t->gen_.reset();
+  t->need_generation_ = true;
+  t->RemoveMarkerLocked();
+}
+
+void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
+  std::lock_guard lock(warm_mu_);
+  warm_threads_.emplace_back([this, first, last, epoch] {
+    int queued = 0;
+    for (int b = first / kSlotsPerBucket; b <= last / kSlotsPerBucket; ++b) {
+      auto names = o_.destination->List(BucketName(b));
+      if (!names.ok()) {
+        spdlog::warn("replica: warm-up of {}-{}: {}", first, last, names.status().message());
+        RecordFailure(names.status());
+        return;
+      }
+      for (const auto& n : *names) {
+        auto file = ParseFleetName(o_.mode, b, n);
+        if (!file || file->role != FileRole::kMain || file->slot < first || file->slot > last) {
+          continue;
+        }
+        Prepare(*file, epoch, nullptr, /*warm=*/true);
+        ++queued;
+      }
+    }
+    if (queued > 0) {
+      spdlog::info("replica: warming range {}-{} at epoch {}: {} tenants queued", first, last,
+                   epoch, queued);
+    }
+    std::lock_guard s(stats_mu_);
+    stats_.warm_queued += static_cast<std::uint64_t>(queued);
+  });
+}
+
+// ---- what operators see ----
+
+void Replicator::Impl::RecordFailure(const Status& st) {
+  std::lock_guard lock(stats_mu_);
+  ++stats_.upload_failures;
+  if (stats_.failing != st.message()) spdlog::warn("replica: {}", st.message());
+  stats_.failing = st.message();
+}
+
+void Replicator::Impl::RecordSuccess() {
+  std::lock_guard lock(stats_mu_);
+  if (!stats_.failing.empty()) spdlog::info("replica: the destination takes uploads again");
+  stats_.failing.clear();
+}
+
+void Replicator::Impl::RecordLag(WallMs commit_ms, WallMs shipped_ms) {
+  double lag = std::max<WallMs>(0, shipped_ms - commit_ms) / 1000.0;
+  std::lock_guard lock(stats_mu_);
+  if (lags_.size() < kLagSamples) {
+    lags_.push_back(lag);
+  } else {
+    lags_[lag_next_] = lag;
+    lag_next_ = (lag_next_ + 1) % kLagSamples;
+  }
+}
+
+double Replicator::Impl::LagSeconds(Slot first, Slot last) const {
+  std::vector<std::shared_ptr<Tenant>> all;
+  {
+    std::lock_guard lock(tenants_mu_);
+    for (auto& [k, t] : tenants_) {
+      if (t->main().slot >= first && t->main().slot <= last) all.push_back(t);
+    }
+  }
+  WallMs oldest = 0;
+  for (auto& t : all) {
+    std::lock_guard lock(t->mu_);
+    WallMs o = 0;
+    if (!t->captured_.empty()) o = t->captured_.front().commit_ms;
+    if (!t->commit_seen_.empty() && (o == 0 || t->commit_seen_.begin()->second < o)) {
+      o = t->commit_seen_.begin()->second;
+    }
+    if (o != 0 && (oldest == 0 || o < oldest)) oldest = o;
+  }
+  return oldest == 0 ? 0.0 : std::max<WallMs>(0, NowMs() - oldest) / 1000.0;
+}
+
+ReplicationStats Replicator::Impl::Stats() const {
+  ReplicationStats s;
+  std::vector<double> lags;
+  {
+    std::lock_guard lock(stats_mu_);
+    s = stats_;
+    lags = lags_;
+  }
+  if (!lags.empty()) {
+    std::sort(lags.begin(), lags.end());
+    s.lag_p50_s = lags[lags.size() / 2];
+    s.lag_p99_s = lags[std::min(lags.size() - 1, lags.size() * 99 / 100)];
+  }
+  std::lock_guard lock(tenants_mu_);
+  s.tenants = tenants_.size();
+  for (auto& [k, t] : tenants_) {
+    std::lock_guard tl(t->mu_);
+    if (t->marker_present_) ++s.unshipped_tenants;
+  }
+  return s;
+}
+
+// ---- the public face ----
+
+Replicator::Replicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Replicator::~Replicator() = default;
+
+Result<std::unique_ptr<Replicator>> Replicator::Start(ReplicatorOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  FLEETFS_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Replicator>(new Replicator(std::move(impl)));
+}
+
+std::shared_ptr<TenantWatch> Replicator::Watch(const FleetFile& file, std::uint64_t epoch) {
+  return impl_->Watch(file, epoch);
+}
+void Replicator::Prepare(const FleetFile& main, std::uint64_t epoch,
+                         std::function<void(int err)> done) {
+  impl_->Prepare(main, epoch, std::move(done), /*warm=*/false);
+}
+void Replicator::Deleted(const FleetFile& main, std::uint64_t epoch) { impl_->Deleted(main, epoch); }
+void Replicator::Warm(Slot first, Slot last, std::uint64_t epoch) { impl_->Warm(first, last, epoch); }
+bool Replicator::Flush(MonoTime deadline) { return impl_->Flush(deadline); }
+double Replicator::LagSeconds(Slot first, Slot last) const { return impl_->LagSeconds(first, last); }
+ReplicationStats Replicator::Stats() const { return impl_->Stats(); }
+void Replicator::Stop() { impl_->Stop(); }
+
+}  // namespace fleetfs::replica

@@ -1,0 +1,112 @@
+// Replicator: ships every served tenant's commits to the replica destination,
+// and prepares main files before the mount exposes them (DESIGN sections 4-5).
+//
+// Capture. The mount calls the TenantWatch hooks before a change reaches a
+// backing file. A tenant's committed WAL frames are read (validated as
+// SQLite's recovery does) every sync interval, and at the last moment they
+// can be: before a WAL restart (a header written at offset 0), truncation or
+// delete, which wait meanwhile. In rollback-journal mode, the byte ranges of
+// the main file written while a journal is hot are read back when the journal
+// is finished (deleted, truncated to 0 or its header zeroed): that is the
+// commit (or a rollback, which ships the old pages back). Captured
+// transactions wait in memory; a commit waits at most for that local copy.
+//
+// Shipping. One thread, every sync interval: per tenant, check the newest
+// epoch at the destination (a newer one than ours stops the tenant and calls
+// on_newer_epoch, which drops the range through the fence floor), start a
+// generation with a snapshot when needed (first ship of this agent run, a new
+// epoch, a gap), else put one segment of everything captured. A snapshot
+// holds the tenant's write gate while it copies to a local spool file, so the
+// writes that would change it wait; the upload happens after.
+//
+// Prepare. Lookups of main files are prepared on worker threads, one flight
+// per key however many lookups wait; a warm-up after a claim restores a
+// range's tenants in the background a few at a time, behind lookups.
+//
+// A tenant with commits not yet shipped has a marker under
+// BACKING/.fleetfs/unshipped/, so an agent that restarts after a crash ships
+// them (in a new generation) even if nobody writes again.
+//
+// Thread-safety: every public method is safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fleet/clock.h"
+#include "fleet/layout.h"
+#include "fleet/replica_destination.h"
+#include "fleet/status.h"
+#include "fleet/tenant_hooks.h"
+
+namespace fleetfs::replica {
+
+struct ReplicatorOptions {
+  std::string backing;  // absolute path of the backing directory
+  FleetMode mode = FleetMode::kTenant;
+  std::shared_ptr<Destination> destination;
+  const WallClock* wall = nullptr;       // must outlive the replicator
+  const MonotonicClock* mono = nullptr;  // must outlive the replicator
+  Millis sync_interval{1000};
+  Millis snapshot_interval{3600 * 1000};
+  Millis retention{72 * 3600 * 1000};
+  int prepare_threads = 4;
+  int warm_parallel = 2;
+  // The epoch this host serves `slot` at now, if it serves it.
+  std::function<std::optional<std::uint64_t>(Slot)> serving_epoch;
+  // The destination holds a newer epoch of a tenant in `slot`.
+  std::function<void(Slot slot, std::uint64_t newer)> on_newer_epoch;
+};
+
+struct ReplicationStats {
+  std::uint64_t txns_shipped = 0;
+  std::uint64_t bytes_shipped = 0;
+  std::uint64_t snapshots = 0;
+  std::uint64_t segments = 0;
+  std::uint64_t upload_failures = 0;
+  std::uint64_t restores = 0;
+  std::uint64_t restore_failures = 0;
+  std::uint64_t stale_replaced = 0;
+  std::uint64_t tombstones = 0;
+  std::uint64_t newer_epochs = 0;
+  std::uint64_t warm_queued = 0;
+  std::size_t tenants = 0;
+  std::size_t unshipped_tenants = 0;
+  std::string failing;  // the last upload error while uploads fail; empty when they work
+  double lag_p50_s = 0;  // commit to shipped, over the last shipped commits
+  double lag_p99_s = 0;
+};
+
+class Replicator final : public TenantHooks {
+ public:
+  static Result<std::unique_ptr<Replicator>> Start(ReplicatorOptions options);
+  ~Replicator() override;
+
+  std::shared_ptr<TenantWatch> Watch(const FleetFile& file, std::uint64_t epoch) override;
+  void Prepare(const FleetFile& main, std::uint64_t epoch,
+               std::function<void(int err)> done) override;
+  void Deleted(const FleetFile& main, std::uint64_t epoch) override;
+
+  // Restores in the background the tenants of [first, last] that the replica
+  // holds and that are missing or stale here.
+  void Warm(Slot first, Slot last, std::uint64_t epoch);
+  // Captures and ships everything now; true when nothing is left unshipped.
+  // Blocks until done or `deadline`.
+  bool Flush(MonoTime deadline);
+  // Seconds since the oldest commit not yet shipped in [first, last]; 0 when
+  // everything is shipped.
+  double LagSeconds(Slot first, Slot last) const;
+  ReplicationStats Stats() const;
+  void Stop();
+
+  class Impl;
+
+ private:
+  explicit Replicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fleetfs::replica

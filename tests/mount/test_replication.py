@@ -1,0 +1,317 @@
+"""Replication and restore before exposure, through real mounts: agents on
+their own backing directories share one control database and one replica."""
+import glob
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+import unittest
+
+from harness import BINARY, MountTest, slots, tenants_in, wait_for
+
+TTL_S = 3
+SYNC_S = 0.2
+# A commit is captured by the round at most one sync interval after it; the
+# round's upload of a few small segments must also land before a kill. This
+# is that upload's allowance on a loaded 2-core machine, stated once.
+UPLOAD_SLACK_S = 0.3
+
+
+def writer(path, journal_mode, log_path, stop_at, proc_id):
+    """Inserts rows one transaction at a time until stop_at; after each commit
+    returns, appends "id commit_returned_time" to log_path (outside the mount)."""
+    db = sqlite3.connect(path, timeout=30, isolation_level=None)
+    db.execute(f"PRAGMA journal_mode={journal_mode}")
+    with open(log_path, "a") as log:
+        i = 0
+        while time.time() < stop_at:
+            i += 1
+            row = proc_id * 1_000_000 + i
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(300))", (row,))
+                db.execute("COMMIT")
+            except sqlite3.OperationalError:
+                return  # the agent was killed under us
+            log.write(f"{row} {time.time()}\n")
+            log.flush()
+
+
+def rows(path):
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        ids = {r[0] for r in db.execute("SELECT id FROM t")}
+        check = db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+    return ids, check
+
+
+def cli(*args):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
+
+
+class Replication(MountTest):
+    TIME_LIMIT = 240
+
+    @property
+    def replica(self):
+        return f"file://{self.root}/replica"
+
+    def ragent(self, name, sync=f"{int(SYNC_S * 1000)}ms", **kwargs):
+        extra = ["--replica", self.replica, "--sync-interval", sync, *kwargs.pop("extra", ())]
+        return self.agent(name, ttl=f"{TTL_S}s", extra=extra, **kwargs)
+
+    def make_tenant(self, agent, tenant, journal_mode):
+        rel = slots(tenant)[tenant]["tenant_path"]
+        db = sqlite3.connect(os.path.join(agent.mount, rel), isolation_level=None)
+        db.execute(f"PRAGMA journal_mode={journal_mode}")
+        db.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, pad BLOB)")
+        db.close()
+        return rel
+
+    def generations(self, tenant):
+        out = cli("replica", "ls", tenant, "--replica", self.replica, "--json")
+        if out.returncode != 0:
+            return []
+        return json.loads(out.stdout)["generations"]
+
+    def wait_shipped(self, agent, timeout=10):
+        def done():
+            rep = agent.status()["replication"]
+            return rep["tenants_unshipped"] == 0 and all(
+                r["replication_lag_s"] == 0 for r in agent.status()["ranges"])
+        wait_for(done, timeout, f"{agent.name}: everything shipped", poll=0.05,
+                 on_fail=agent.log_tail)
+
+    # 1 and 2: kill -9 under load, B restores; later A gets the range back.
+    def failover_under_load(self, journal_mode):
+        tenants = tenants_in(0, 16383, 3, prefix=f"load{journal_mode}")
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rels = {t: self.make_tenant(a, t, journal_mode) for t in tenants}
+        logs = {t: os.path.join(self.root, f"{t}.log") for t in tenants}
+        stop_at = time.time() + 30
+        procs = []
+        for n, t in enumerate(tenants):
+            for k in range(2):  # two processes per tenant, so they contend
+                p = multiprocessing.Process(target=writer, args=(
+                    os.path.join(a.mount, rels[t]), journal_mode, logs[t], stop_at, n * 10 + k))
+                p.start()
+                procs.append(p)
+        time.sleep(2.5)
+        a.kill9()
+        kill_time = time.time()
+        for p in procs:
+            p.join(30)
+            self.assertIsNotNone(p.exitcode, "a writer hung after the kill")
+        subprocess.run(["umount", "-l", a.mount], capture_output=True)
+
+        b = self.ragent("b").start()
+        b.wait_states("serving", timeout=TTL_S * 3)
+        for t in tenants:
+            committed = {}
+            with open(logs[t]) as f:
+                for line in f:
+                    row, when = line.split()
+                    committed[int(row)] = float(when)
+            self.assertGreater(len(committed), 50, f"the load barely ran on {t}")
+            due = {r for r, when in committed.items()
+                   if when <= kill_time - SYNC_S - UPLOAD_SLACK_S}
+            on_b, check = rows(os.path.join(b.mount, rels[t]))
+            self.assertEqual(check, "ok")
+            self.assertFalse(due - on_b, f"{t}: {len(due - on_b)} of {len(due)} commits made "
+                             f"at least one sync interval before the kill are not on B")
+            # Nothing B has was never committed by a writer (no partial transaction).
+            attempted_max = {r // 1_000_000: 0 for r in committed}
+            for r in committed:
+                attempted_max[r // 1_000_000] = max(attempted_max[r // 1_000_000], r % 1_000_000)
+            for r in on_b:
+                self.assertLessEqual(r % 1_000_000, attempted_max[r // 1_000_000] + 1)
+            print(f"\n{journal_mode} {t}: {len(committed)} committed, {len(due)} due, "
+                  f"{len(on_b)} on B", flush=True)
+        self.assertIn("restored", b.log())
+
+        # 2. B writes; A comes back after B stops; A's own older file is
+        # replaced from the replica before A exposes it.
+        t = tenants[0]
+        db = sqlite3.connect(os.path.join(b.mount, rels[t]), isolation_level=None)
+        db.execute("INSERT INTO t(id, pad) VALUES (424242, x'00')")
+        db.close()
+        self.assertEqual(b.stop(), 0)
+        self.assertIn("every commit is shipped", b.log())
+        a2 = self.ragent("a")  # same backing directory as the killed A
+        a2.start()
+        a2.wait_states("serving", timeout=TTL_S * 3)
+        on_a, check = rows(os.path.join(a2.mount, rels[t]))
+        self.assertEqual(check, "ok")
+        self.assertIn(424242, on_a, "A exposed its own older file, not B's writes")
+        self.assertIn("replacing it from the replica", a2.log())
+
+    def test_failover_wal(self):
+        self.failover_under_load("wal")
+
+    def test_failover_rollback_journal(self):
+        self.failover_under_load("delete")
+
+    # 3. A newer epoch at the destination stops the replicator and drops the range.
+    def test_newer_epoch_at_the_replica_drops_the_range(self):
+        tenant = tenants_in(0, 16383, 1, prefix="newer")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        self.wait_shipped(a)
+        gens = glob.glob(os.path.join(self.root, "replica", rel, "e*"))
+        self.assertEqual(len(gens), 1)
+        epoch = a.status()["ranges"][0]["epoch"]
+        newer = epoch + 1000
+        # Another owner's generation at a newer epoch (a copy of A's, so it restores).
+        os.rename(gens[0], os.path.join(os.path.dirname(gens[0]), f"e{newer:020d}-g00000009"))
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        db.execute("INSERT INTO t(id, pad) VALUES (1, x'01')")
+        wait_for(lambda: "dropping range" in a.log(), 10, "A drops the range", on_fail=a.log_tail)
+        with self.assertRaises(sqlite3.OperationalError):
+            db.execute("INSERT INTO t(id, pad) VALUES (2, x'02')")
+        db.close()
+        # Claimed again above the floor, and served at an epoch above the replica's.
+        a.wait_states("serving", timeout=TTL_S * 3)
+        self.assertGreater(a.status()["ranges"][0]["epoch"], newer)
+
+    # 4. Point in time: restoring at T gives exactly the commits up to T.
+    def test_point_in_time(self):
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        for mode in ("wal", "delete"):
+            tenant = tenants_in(0, 16383, 1, prefix=f"pit{mode}")[0]
+            rel = self.make_tenant(a, tenant, mode)
+            wait_for(lambda: self.generations(tenant), 10, "a first generation")
+            db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+            marks = []
+            for i in range(1, 7):
+                db.execute("INSERT INTO t(id, pad) VALUES (?, x'00')", (i,))
+                time.sleep(0.15)
+                marks.append((i, int(time.time() * 1000)))
+                time.sleep(0.15)
+            db.close()
+            self.wait_shipped(a)
+            for i, at in marks:
+                out = os.path.join(self.root, f"{tenant}-{i}.db")
+                r = cli("restore", tenant, "--replica", self.replica, "--at", f"@{at}", "-o", out)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                ids, check = rows(out)
+                self.assertEqual(check, "ok")
+                self.assertEqual(ids, set(range(1, i + 1)), f"{mode}: restore at mark {i}")
+            r = cli("restore", tenant, "--replica", self.replica, "-o", out)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("never overwrites", r.stderr)
+
+    # 5. A corrupt segment: restore and verify name it; nothing is published.
+    def test_corrupt_segment_is_named_and_nothing_is_published(self):
+        tenant = tenants_in(0, 16383, 1, prefix="corrupt")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        wait_for(lambda: self.generations(tenant), 10, "a first generation")
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        for i in range(20):
+            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(500))", (i,))
+        db.close()
+        self.wait_shipped(a)
+        self.assertEqual(a.stop(), 0)
+        segs = sorted(glob.glob(os.path.join(self.root, "replica", rel, "e*", "*.seg")))
+        self.assertTrue(segs)
+        with open(segs[-1], "r+b") as f:
+            f.seek(os.path.getsize(segs[-1]) - 10)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        name = os.path.basename(segs[-1])
+        out = os.path.join(self.root, "out.db")
+        r = cli("restore", tenant, "--replica", self.replica, "-o", out)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(name, r.stderr)
+        self.assertIn("checksum mismatch", r.stderr)
+        self.assertFalse(os.path.exists(out))
+        r = cli("replica", "verify", tenant, "--replica", self.replica)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(name, r.stderr)
+        # B has an older good copy of its own, unstamped: the replica is newer,
+        # the restore fails, and B's file stays as it was.
+        b = self.ragent("b")
+        os.makedirs(os.path.join(b.backing, rel.split("/")[0]))
+        good = sqlite3.connect(os.path.join(b.backing, rel))
+        good.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)")
+        good.execute("INSERT INTO t VALUES (7, x'07')")
+        good.commit()
+        good.close()
+        with open(os.path.join(b.backing, rel), "rb") as f:
+            before = f.read()
+        b.start()
+        b.wait_states("serving", timeout=TTL_S * 3)
+        with self.assertRaises(OSError) as e:
+            open(os.path.join(b.mount, rel), "rb").close()
+        self.assertEqual(e.exception.errno, 5)  # EIO
+        with open(os.path.join(b.backing, rel), "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertIn(name, b.log())
+
+    # 6. A deleted tenant is not restored on the next lookup.
+    def test_deleted_tenant_is_not_restored(self):
+        tenant = tenants_in(0, 16383, 1, prefix="gone")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        self.wait_shipped(a)
+        os.unlink(os.path.join(a.mount, rel))
+        self.assertFalse(os.path.exists(os.path.join(a.mount, rel)))
+        wait_for(lambda: any(g["tombstone"] for g in self.generations(tenant)), 10,
+                 "a tombstone at the replica", on_fail=a.log_tail)
+        self.assertFalse(os.path.exists(os.path.join(a.mount, rel)))
+        self.assertEqual(a.stop(), 0)
+        b = self.ragent("b").start()
+        b.wait_states("serving", timeout=TTL_S * 3)
+        self.assertFalse(os.path.exists(os.path.join(b.mount, rel)))
+        self.assertFalse(os.path.exists(os.path.join(b.backing, rel)))
+        r = cli("restore", tenant, "--replica", self.replica, "-o", os.path.join(self.root, "x.db"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("was deleted", r.stderr)
+
+    # 7. A restart with unshipped commits on disk ships them, once.
+    def test_restart_ships_what_a_crash_left(self):
+        tenant = tenants_in(0, 16383, 1, prefix="restart")[0]
+        a = self.ragent("a", sync="1s").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        for i in range(50):
+            db.execute("INSERT INTO t(id, pad) VALUES (?, x'00')", (i,))
+        self.wait_shipped(a)
+        for i in range(50, 70):  # no sync round runs before the kill
+            db.execute("INSERT INTO t(id, pad) VALUES (?, x'00')", (i,))
+        a.kill9()
+        db.close()
+        subprocess.run(["umount", "-l", a.mount], capture_output=True)
+        out1 = os.path.join(self.root, "before.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out1).returncode, 0)
+        shipped_before, _ = rows(out1)
+        self.assertLess(len(shipped_before), 70, "the test needs commits left unshipped")
+        a2 = self.ragent("a").start()  # nobody writes after the restart
+        a2.wait_states("serving", timeout=TTL_S * 3)
+        self.wait_shipped(a2)
+        self.assertEqual(a2.stop(), 0)
+        out2 = os.path.join(self.root, "after.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out2).returncode, 0)
+        ids, check = rows(out2)
+        self.assertEqual(check, "ok")
+        self.assertEqual(ids, set(range(70)))
+        local, _ = rows(os.path.join(a2.backing, rel))
+        self.assertEqual(ids, local)
+        r = cli("replica", "verify", tenant, "--replica", self.replica)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

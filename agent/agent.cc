@@ -362,11 +362,12 @@ void Agent::BeginStop() {
 
 void Agent::Finish() {
   phase_ = Phase::kStopped;
+  // Lookups waiting for a restore are answered while the session still runs.
+  if (replicator_) replicator_->Stop();
   if (fs_) {
     fs_->Unmount();
     spdlog::info("unmounted {}", config_.mountpoint);
   }
-  if (replicator_) replicator_->Stop();
   if (admin_) admin_->Close();
   uv_timer_stop(&wake_);
   CloseLoopHandles();

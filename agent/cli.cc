@@ -396,7 +396,7 @@ int RunStatus(const std::string& mount, bool json, std::ostream& out, std::ostre
       << (doc["health"]["ok"].get<bool>() ? "" : Printable(doc["health"]["reason"].get<std::string>().substr(0, doc["health"]["reason"].get<std::string>().size() - 1)))
       << "\n\n";
   std::vector<std::vector<std::string>> rows = {
-      {"RANGE", "EPOCH", "STATE", "LEASE LEFT", "OPEN FILES", "NOTE"}};
+      {"RANGE", "EPOCH", "STATE", "LEASE LEFT", "OPEN FILES", "REPL LAG", "NOTE"}};
   for (const Json& r : doc["ranges"]) {
     std::ostringstream left;
     if (r["serving"].get<bool>()) {
@@ -404,12 +404,33 @@ int RunStatus(const std::string& mount, bool json, std::ostream& out, std::ostre
     } else {
       left << "-";
     }
+    std::ostringstream lag;
+    if (r.contains("replication_lag_s")) {
+      lag << std::fixed << std::setprecision(1) << r["replication_lag_s"].get<double>() << "s";
+    } else {
+      lag << "-";
+    }
     rows.push_back({r["range"].get<std::string>(),
                     r["epoch"].is_null() ? "-" : std::to_string(r["epoch"].get<std::uint64_t>()),
                     r["state"].get<std::string>(), left.str(),
-                    std::to_string(r["open_files"].get<std::uint64_t>()), StateNote(r)});
+                    std::to_string(r["open_files"].get<std::uint64_t>()), lag.str(),
+                    StateNote(r)});
   }
   PrintTable(out, rows);
+  if (doc["replication"].is_object()) {
+    const Json& r = doc["replication"];
+    out << "\nreplica " << r["replica"].get<std::string>() << "   shipped "
+        << r["transactions_shipped"].get<std::uint64_t>() << " transactions, "
+        << r["bytes_shipped"].get<std::uint64_t>() << " bytes, " << r["snapshots"].get<std::uint64_t>()
+        << " snapshots   restored " << r["restores"].get<std::uint64_t>() << "   tenants unshipped "
+        << r["tenants_unshipped"].get<std::uint64_t>();
+    if (!r["failing"].get<std::string>().empty()) {
+      out << "\nFAILING: " << Printable(r["failing"].get<std::string>());
+    }
+    out << '\n';
+  } else {
+    out << "\nreplication off\n";
+  }
   return kExitOk;
 }
 

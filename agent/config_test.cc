@@ -125,6 +125,29 @@ TEST_F(ConfigTest, the_example_configuration_in_packaging_is_valid) {
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_EQ(config->ttl, Millis(30000));
   EXPECT_EQ(config->shutdown_grace, Millis(5000));
+  EXPECT_EQ(config->replica, "file:///var/lib/fleetfs/replica");
+  EXPECT_EQ(config->sync_interval, Millis(1000));
+}
+
+TEST_F(ConfigTest, replication_is_off_unless_a_replica_is_given_and_its_values_are_checked) {
+  auto config = ResolveConfig(Input());
+  ASSERT_TRUE(config.ok());
+  EXPECT_TRUE(config->replica.empty());
+  ConfigInput in = Input();
+  in.replica = "file:///srv/replica";
+  in.sync_interval = "100ms";
+  in.retention = "7d";
+  EXPECT_NE(Error(in).find("retention"), std::string::npos);
+  in.retention = "168h";
+  config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->sync_interval, Millis(100));
+  EXPECT_EQ(config->retention, Millis(168LL * 3600 * 1000));
+  in.replica = "s3://bucket";
+  EXPECT_NE(Error(in).find("replica 's3://bucket'"), std::string::npos);
+  in.replica = "file:///srv/replica";
+  in.sync_interval = "5ms";
+  EXPECT_NE(Error(in).find("sync_interval: must be between 10ms and 600s"), std::string::npos);
 }
 
 }  // namespace

@@ -553,6 +553,16 @@ void Replicator::Impl::UploadLoop() {
 }
 
 void Replicator::Impl::SyncAll() {
+  bool failing;
+  {
+    std::lock_guard lock(stats_mu_);
+    failing = !stats_.failing.empty();
+  }
+  // While uploads fail, a probe tells when the destination takes writes
+  // again, even if nothing waits to ship.
+  if (failing) {
+    if (Status probe = o_.destination->Probe(); probe.ok()) RecordSuccess();
+  }
   UploadTombstones();
   std::vector<std::shared_ptr<Tenant>> all;
   {
@@ -981,7 +991,6 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
   if (!newest.ok()) {
     spdlog::error("replica: cannot tell whether {} is stale: {}", main.main_path,
                   newest.status().message());
-    RecordFailure(newest.status());
     return EIO;
   }
   if (*newest && **newest > stamp && **newest != f.epoch) {
@@ -1034,7 +1043,6 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   if (!outcome.ok()) {
     discard();
     spdlog::error("replica: restoring {}: {}", main.main_path, outcome.status().message());
-    RecordFailure(outcome.status());
     std::lock_guard lock(stats_mu_);
     ++stats_.restore_failures;
     return EIO;
@@ -1114,7 +1122,6 @@ void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
       auto names = o_.destination->List(BucketName(b));
       if (!names.ok()) {
         spdlog::warn("replica: warm-up of {}-{}: {}", first, last, names.status().message());
-        RecordFailure(names.status());
         return;
       }
       for (const auto& n : *names) {

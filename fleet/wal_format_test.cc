@@ -1,0 +1,156 @@
+#include "fleet/wal_format.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "fleet/unique_fd.h"
+
+namespace fleetfs::wal {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A WAL database written by SQLite itself, with automatic checkpoints off so
+// the log keeps every frame.
+class WalFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("fleetfs-wal-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = (dir_ / "t.db").string();
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db_), SQLITE_OK);
+    Exec("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE t(x)");
+  }
+  void TearDown() override {
+    sqlite3_close(db_);
+    fs::remove_all(dir_);
+  }
+  void Exec(const std::string& sql) {
+    char* err = nullptr;
+    ASSERT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << err;
+  }
+  void Insert(int from, int to) {
+    for (int i = from; i < to; ++i) Exec("INSERT INTO t VALUES (" + std::to_string(i) + ")");
+  }
+  UniqueFd OpenWal() { return UniqueFd(::open((path_ + "-wal").c_str(), O_RDONLY)); }
+  // Rebuilds the database from the main file plus `txns`, and counts its rows.
+  int RowsAfter(const std::vector<CommittedTxn>& txns) {
+    std::string copy = (dir_ / "rebuilt.db").string();
+    fs::copy_file(path_, copy, fs::copy_options::overwrite_existing);
+    {
+      UniqueFd fd(::open(copy.c_str(), O_RDWR));
+      for (const auto& t : txns) {
+        for (const auto& [pgno, data] : t.pages) {
+          EXPECT_EQ(::pwrite(fd.get(), data.data(), data.size(),
+                             static_cast<off_t>(pgno - 1) * t.page_size),
+                    static_cast<ssize_t>(data.size()));
+        }
+        EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(t.db_pages) * t.page_size), 0);
+      }
+    }
+    // The rebuilt file says WAL mode in its header; read it without its log.
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open_v2(("file:" + copy + "?immutable=1").c_str(), &db,
+                              SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr),
+              SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    int n = -1;
+    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM t", -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      n = sqlite3_column_int(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return n;
+  }
+
+  fs::path dir_;
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+TEST_F(WalFile, committed_transactions_rebuild_what_sqlite_committed) {
+  Insert(0, 10);
+  UniqueFd fd = OpenWal();
+  WalCursor cursor;
+  auto read = ReadCommitted(fd.get(), cursor);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->txns.size(), 11u);  // the CREATE TABLE and ten inserts
+  EXPECT_FALSE(read->restarted);
+  EXPECT_EQ(RowsAfter(read->txns), 10);
+}
+
+TEST_F(WalFile, reading_resumes_at_the_cursor) {
+  Insert(0, 3);
+  UniqueFd fd = OpenWal();
+  WalCursor cursor;
+  ASSERT_EQ(ReadCommitted(fd.get(), cursor)->txns.size(), 4u);
+  EXPECT_TRUE(ReadCommitted(fd.get(), cursor)->txns.empty());
+  Insert(3, 5);
+  auto more = ReadCommitted(fd.get(), cursor);
+  EXPECT_EQ(more->txns.size(), 2u);
+}
+
+TEST_F(WalFile, a_broken_checksum_ends_the_committed_part) {
+  Insert(0, 5);
+  UniqueFd fd = OpenWal();
+  WalCursor probe;
+  auto all = ReadCommitted(fd.get(), probe);
+  ASSERT_EQ(all->txns.size(), 6u);
+  // Flip a byte inside the last transaction's page: its chain no longer holds.
+  std::uint64_t last = all->txns.back().commit_frame_offset;
+  UniqueFd rw(::open((path_ + "-wal").c_str(), O_RDWR));
+  char byte;
+  ASSERT_EQ(::pread(rw.get(), &byte, 1, static_cast<off_t>(last + kFrameHeaderSize + 100)), 1);
+  byte ^= 0x5a;
+  ASSERT_EQ(::pwrite(rw.get(), &byte, 1, static_cast<off_t>(last + kFrameHeaderSize + 100)), 1);
+  WalCursor cursor;
+  auto read = ReadCommitted(fd.get(), cursor);
+  EXPECT_EQ(read->txns.size(), 5u);
+  EXPECT_EQ(cursor.offset, all->txns[4].commit_frame_offset + kFrameHeaderSize +
+                               all->txns[4].page_size);
+}
+
+TEST_F(WalFile, a_transaction_cut_short_is_not_committed) {
+  Insert(0, 5);
+  UniqueFd fd = OpenWal();
+  WalCursor probe;
+  auto all = ReadCommitted(fd.get(), probe);
+  std::uint64_t last = all->txns.back().commit_frame_offset;
+  // The log ends in the middle of the last commit frame (a crash mid-write).
+  ASSERT_EQ(::truncate((path_ + "-wal").c_str(), static_cast<off_t>(last + 1000)), 0);
+  WalCursor cursor;
+  EXPECT_EQ(ReadCommitted(fd.get(), cursor)->txns.size(), all->txns.size() - 1);
+}
+
+TEST_F(WalFile, a_restart_is_seen_by_its_header_and_old_frames_are_not_read_again) {
+  Insert(0, 20);
+  UniqueFd fd = OpenWal();
+  WalCursor cursor;
+  ASSERT_EQ(ReadCommitted(fd.get(), cursor)->txns.size(), 21u);
+  Exec("PRAGMA wal_checkpoint(PASSIVE)");
+  Insert(20, 21);  // the next writer restarts the log at offset 0
+  auto read = ReadCommitted(fd.get(), cursor);
+  ASSERT_TRUE(read.ok());
+  EXPECT_TRUE(read->restarted);
+  EXPECT_EQ(read->txns.size(), 1u);  // not the 21 stale frames beyond the new tail
+  // The file did not shrink: a size check would not have seen the restart.
+  EXPECT_GT(fs::file_size(path_ + "-wal"), cursor.offset);
+}
+
+TEST(WalHeader, a_zeroed_or_torn_header_is_not_a_log) {
+  std::uint8_t zero[kHeaderSize] = {};
+  EXPECT_FALSE(ParseHeader(zero, sizeof zero));
+  EXPECT_FALSE(ParseHeader(zero, 10));
+}
+
+}  // namespace
+}  // namespace fleetfs::wal

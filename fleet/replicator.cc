@@ -494,8 +494,10 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
   }
   FleetFile main = file;
   main.role = FileRole::kMain;
-  {
-    // The tenant exists again after a delete: its tombstone is superseded.
+  if (file.role == FileRole::kMain) {
+    // The main file was opened or made again after a delete: the tenant
+    // exists again, and its tombstone is superseded. (A sidecar opened by a
+    // connection that outlived the delete does not bring it back.)
     std::lock_guard lock(tenants_mu_);
     if (deleted_.erase(main.main_path) > 0) {
       std::erase_if(tombstones_, [&](const Tombstone& t) { return t.main.main_path == main.main_path; });

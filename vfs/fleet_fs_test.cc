@@ -12,6 +12,8 @@
 #include <fstream>
 #include <cstring>
 #include <random>
+#include <future>
+#include <mutex>
 #include <thread>
 
 namespace fleetfs::vfs {
@@ -48,10 +50,15 @@ class FleetFsTest : public ::testing::Test {
       held_.store(true);
       while (hold_writes_.load()) std::this_thread::yield();
     };
+    options.hooks = Hooks();
+    options.max_threads = MaxThreads();
     auto fs = FleetFs::Mount(options, ServeAll(1, 1, seconds(10)));
     ASSERT_TRUE(fs.ok()) << fs.status().message();
     fs_ = std::move(*fs);
   }
+
+  virtual TenantHooks* Hooks() { return nullptr; }
+  virtual int MaxThreads() { return 10; }
 
   void TearDown() override {
     if (fs_) fs_->Unmount();
@@ -243,6 +250,100 @@ TEST_F(FleetFsTest, the_bucket_directories_are_always_there_and_fixed) {
   EXPECT_EQ(::rmdir((root_ / "mnt" / "000").c_str()), -1);
   EXPECT_EQ(errno, EPERM);
   EXPECT_EQ(Contents((root_ / "mnt" / ".fleetfs" / "status.json").string()), "{}\n");
+}
+
+// Replication's side, faked: keys named "slow..." are prepared only when the
+// test lets them go; every other key at once, on the calling thread.
+class FakeHooks final : public TenantHooks {
+ public:
+  std::shared_ptr<TenantWatch> Watch(const FleetFile&, std::uint64_t) override { return nullptr; }
+  void Prepare(const FleetFile& main, std::uint64_t, std::function<void(int)> done) override {
+    {
+      std::lock_guard lock(mu_);
+      prepared_.push_back(main.key);
+      if (main.key.rfind("slow", 0) == 0) {
+        held_.push_back(std::move(done));
+        return;
+      }
+    }
+    done(0);
+  }
+  void Deleted(const FleetFile& main, std::uint64_t) override {
+    std::lock_guard lock(mu_);
+    deleted_.push_back(main.key);
+  }
+  std::size_t held() {
+    std::lock_guard lock(mu_);
+    return held_.size();
+  }
+  void ReleaseAll() {
+    std::vector<std::function<void(int)>> go;
+    {
+      std::lock_guard lock(mu_);
+      go.swap(held_);
+    }
+    for (auto& done : go) done(0);
+  }
+  std::vector<std::string> prepared() {
+    std::lock_guard lock(mu_);
+    return prepared_;
+  }
+  std::vector<std::string> deleted() {
+    std::lock_guard lock(mu_);
+    return deleted_;
+  }
+
+ private:
+  std::mutex mu_;  // guards the three below
+  std::vector<std::function<void(int)>> held_;
+  std::vector<std::string> prepared_;
+  std::vector<std::string> deleted_;
+};
+
+class FleetFsHooksTest : public FleetFsTest {
+ protected:
+  TenantHooks* Hooks() override { return &hooks_; }
+  int MaxThreads() override { return 2; }
+  FakeHooks hooks_;
+};
+
+TEST_F(FleetFsHooksTest, lookups_waiting_for_a_restore_hold_no_fuse_thread) {
+  std::filesystem::create_directories(std::filesystem::path(Backing("fast")).parent_path());
+  std::ofstream(Backing("fast")) << "here";
+  // More lookups wait on slow restores than the mount has threads.
+  std::vector<std::thread> waiting;
+  std::atomic<int> enoent{0};
+  for (int i = 0; i < 6; ++i) {
+    waiting.emplace_back([&, i] {
+      int fd = ::open(Mounted("slow" + std::to_string(i)).c_str(), O_RDONLY);
+      if (fd < 0 && errno == ENOENT) ++enoent;
+      if (fd >= 0) ::close(fd);
+    });
+  }
+  for (int i = 0; i < 2000 && hooks_.held() < 6; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(hooks_.held(), 6u);
+  // Another tenant is answered meanwhile (it has no stamp, so it is prepared
+  // too). Were the waiting lookups holding the mount's threads, this read
+  // would hang: the bound only turns that hang into a failure.
+  auto fast = std::async(std::launch::async, [&] { return Contents(Mounted("fast")); });
+  bool answered = fast.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  hooks_.ReleaseAll();
+  ASSERT_TRUE(answered) << "a lookup of another tenant waited behind the slow restores";
+  EXPECT_EQ(fast.get(), "here");
+  for (auto& t : waiting) t.join();
+  EXPECT_EQ(enoent.load(), 6);  // prepared, and rightly absent
+}
+
+TEST_F(FleetFsHooksTest, a_stamped_file_needs_no_prepare_and_a_delete_is_reported) {
+  int fd = ::open(Mounted("made").c_str(), O_CREAT | O_RDWR, 0644);  // stamped at creation
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  auto before = hooks_.prepared().size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the entry timeout
+  EXPECT_EQ(Contents(Mounted("made")), "");
+  EXPECT_EQ(hooks_.prepared().size(), before);
+  ASSERT_EQ(::unlink(Mounted("made").c_str()), 0);
+  EXPECT_EQ(hooks_.deleted(), std::vector<std::string>{"made"});
 }
 
 }  // namespace

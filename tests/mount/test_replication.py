@@ -184,7 +184,8 @@ class Replication(MountTest):
     def test_point_in_time(self):
         a = self.ragent("a").start()
         a.wait_states("serving")
-        for mode in ("wal", "delete"):
+        # WAL, and each way a rollback journal commits: delete, truncate, zeroed header.
+        for mode in ("wal", "delete", "truncate", "persist"):
             tenant = tenants_in(0, 16383, 1, prefix=f"pit{mode}")[0]
             rel = self.make_tenant(a, tenant, mode)
             wait_for(lambda: self.generations(tenant), 10, "a first generation")
@@ -207,6 +208,30 @@ class Replication(MountTest):
             r = cli("restore", tenant, "--replica", self.replica, "-o", out)
             self.assertEqual(r.returncode, 1)
             self.assertIn("never overwrites", r.stderr)
+
+    def test_health_reports_a_replicator_that_cannot_write(self):
+        tenant = tenants_in(0, 16383, 1, prefix="health")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        self.wait_shipped(a)
+        self.assertEqual(a.http("/health")[0], 200)
+        replica_dir = os.path.join(self.root, "replica")
+        os.rename(replica_dir, replica_dir + ".away")
+        open(replica_dir, "w").close()  # a file where the directory was: every put fails
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        db.execute("INSERT INTO t(id, pad) VALUES (99, x'00')")  # the commit does not wait
+        db.close()
+        wait_for(lambda: a.http("/health")[0] == 503, 10, "health 503", on_fail=a.log_tail)
+        self.assertIn("the replicator cannot write", a.http("/health")[1])
+        self.assertIn("FAILING", cli("status", a.mount).stdout)
+        os.unlink(replica_dir)
+        os.rename(replica_dir + ".away", replica_dir)
+        wait_for(lambda: a.http("/health")[0] == 200, 10, "health 200 again", on_fail=a.log_tail)
+        self.wait_shipped(a)
+        out = os.path.join(self.root, "after.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertIn(99, rows(out)[0], "the commit made while the destination failed was lost")
 
     # 5. A corrupt segment: restore and verify name it; nothing is published.
     def test_corrupt_segment_is_named_and_nothing_is_published(self):

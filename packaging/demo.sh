@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds fleetfs and runs the agent on the embedded default: a SQLite control
 # database and a demo volume under /var/lib/fleetfs/demo, every slot owned by
-# this host, the fleet root mounted at /mnt/fleet. Runs in the foreground
+# this host, a file:// replica beside the volume (every commit ships there),
+# the fleet root mounted at /mnt/fleet. Runs in the foreground
 # until Ctrl-C (or SIGTERM), which stops the agent cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ chmod 1777 "$demo/volume"
 # SIGTERM to this script is passed on.
 "$fleetfs" mount --backing "$demo/volume" --mount "$mount" \
   --store "sqlite://$demo/control.db" --owner "$(hostname)" --ranges 0-16383 \
-  --ttl 30s --admin "$admin" &
+  --ttl 30s --admin "$admin" --replica "file://$demo/replica" --sync-interval 1s &
 agent=$!
 trap 'kill -TERM "$agent" 2>/dev/null; wait "$agent"; exit 0' TERM
 trap 'wait "$agent"; exit 0' INT
@@ -49,6 +50,9 @@ Open a tenant through the mount with any SQLite client, for example:
 Where a tenant lives:   $fleetfs slot --mode tenant globex
 Agent state:            $fleetfs status $mount    (or: curl http://$admin/health /status /metrics)
 Use the mount only: nothing else may touch $demo/volume while the agent runs.
+Every commit ships to file://$demo/replica; see it with
+  $fleetfs replica ls acme --replica file://$demo/replica
+  $fleetfs restore acme --replica file://$demo/replica -o /tmp/acme-copy.db
 
 Ctrl-C stops the agent: it fences open files, releases its slots and unmounts.
 MSG

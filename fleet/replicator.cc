@@ -214,12 +214,15 @@ class Tenant final : public TenantWatch {
         wal_exists_ = true;
         if (off == 0) {
           // A new log header: a restart (or the first). The last moment to
-          // capture the old log's commits; the write waits, and the lock is
-          // held until it lands so no reader sees half of it.
-          CaptureWalLocked();
-          commit_seen_.clear();
+          // capture the old log's commits; the write waits, and the capture
+          // lock is held until it lands so no reader sees half of it.
+          lock.unlock();
+          std::unique_lock capture(capture_mu_);
+          CaptureWal();
+          lock.lock();
+          commit_seen_.clear();  // what is left belongs to no commit
           if (size >= wal::kHeaderSize) wal_page_size_ = Be32(data + 8);
-          return WriteGuard(&gate_, std::move(lock));
+          return WriteGuard(&gate_, std::move(capture));
         }
         if (wal_page_size_ == 0) LearnWalPageSize();
         if (wal_page_size_ != 0 && off >= wal::kHeaderSize && size >= 8 &&
@@ -240,16 +243,19 @@ class Tenant final : public TenantWatch {
 
   WriteGuard BeforeTruncate(FileRole role, std::uint64_t size) override {
     gate_.LockShared();
-    std::unique_lock lock(mu_);
-    NoteWriteLocked();
     if (role == FileRole::kWal) {
-      CaptureWalLocked();
+      std::unique_lock capture(capture_mu_);
+      CaptureWal();
+      std::lock_guard lock(mu_);
+      NoteWriteLocked();
       if (size == 0) {
         cursor_ = {};
         commit_seen_.clear();
       }
-      return WriteGuard(&gate_, std::move(lock));
+      return WriteGuard(&gate_, std::move(capture));
     }
+    std::unique_lock lock(mu_);
+    NoteWriteLocked();
     if (role == FileRole::kJournal && size == 0) FinishJournalLocked();  // TRUNCATE mode
     if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) need_generation_ = true;
     return WriteGuard(&gate_, {});
@@ -257,15 +263,17 @@ class Tenant final : public TenantWatch {
 
   WriteGuard BeforeUnlink(FileRole role) override {
     gate_.LockShared();
-    std::unique_lock lock(mu_);
     if (role == FileRole::kWal) {
-      CaptureWalLocked();
+      std::unique_lock capture(capture_mu_);
+      CaptureWal();
+      std::lock_guard lock(mu_);
       cursor_ = {};
       commit_seen_.clear();
       wal_exists_ = false;
       wal_page_size_ = 0;
-      return WriteGuard(&gate_, std::move(lock));
+      return WriteGuard(&gate_, std::move(capture));
     }
+    std::unique_lock lock(mu_);
     if (role == FileRole::kJournal) FinishJournalLocked();  // DELETE mode
     return WriteGuard(&gate_, {});
   }
@@ -312,8 +320,10 @@ class Tenant final : public TenantWatch {
     }
   }
 
-  // Reads the commits the log holds after the cursor.
-  void CaptureWalLocked() {
+  // Reads the commits the log holds after the cursor. Called with
+  // capture_mu_ held and mu_ not: the log is read without blocking the
+  // writes that only note a commit time.
+  void CaptureWal() {
     UniqueFd fd(::openat(r_.root(), (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) return;
     auto read = wal::ReadCommitted(fd.get(), cursor_);
@@ -321,6 +331,7 @@ class Tenant final : public TenantWatch {
       spdlog::error("replica: reading the WAL of {}: {}", main_.main_path, read.status().message());
       return;
     }
+    std::lock_guard lock(mu_);
     const WallMs now = r_.NowMs();
     for (auto& c : read->txns) {
       Txn t;
@@ -374,12 +385,13 @@ class Tenant final : public TenantWatch {
   const FleetFile main_;
   std::string key_dir_;
   WriteGate gate_;
-  std::mutex ship_mu_;  // serializes shipping; order: ship_mu_, gate_, mu_
+  std::mutex ship_mu_;  // serializes shipping; order: ship_mu_, gate_, capture_mu_, mu_
+  std::mutex capture_mu_;  // serializes reading the WAL; guards cursor_
+  wal::WalCursor cursor_;
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;  // journal_hot_ and want_snapshot_ changes
   std::uint64_t epoch_ = 0;
-  wal::WalCursor cursor_;
   std::uint32_t wal_page_size_ = 0;
   std::map<std::uint64_t, WallMs> commit_seen_;  // commit frame offset -> first seen
   bool wal_exists_ = false;
@@ -587,7 +599,9 @@ void Replicator::Impl::UploadTombstones() {
     if (st.ok() && gens->empty()) {
       // Nothing was ever shipped: nothing to hide.
     } else if (st.ok()) {
-      GenerationId gen{tomb.epoch, gens->back().index + 1};
+      std::uint64_t index = 0;
+      for (const auto& g : *gens) index = std::max(index, g.index);
+      GenerationId gen{tomb.epoch, index + 1};
       if (gens->back().epoch > tomb.epoch) {
         gen = GenerationId{};  // a newer owner's generation: the delete is not ours to record
       } else {
@@ -618,9 +632,12 @@ bool Replicator::Impl::Sync(Tenant& t) {
   bool has_captured = false, need_gen = false, periodic = false;
   std::uint64_t epoch = 0;
   {
+    std::lock_guard capture(t.capture_mu_);
+    t.CaptureWal();
+  }
+  {
     std::lock_guard lock(t.mu_);
     if (t.deleted_) return true;
-    if (!t.want_snapshot_) t.CaptureWalLocked();
     writes_at_scan = t.writes_seen_;
     if (auto serving = o_.serving_epoch ? o_.serving_epoch(t.main().slot) : std::nullopt;
         serving && *serving > t.epoch_) {
@@ -737,14 +754,16 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
   // Every write to the main file and its WAL waits from here until the copy is
   // done, so the copy is one consistent state.
   t.gate_.Lock();
+  std::unique_lock capture(t.capture_mu_);
+  t.CaptureWal();
   std::unique_lock lock(t.mu_);
   auto done = [&] {
     t.want_snapshot_ = false;
     t.cv_.notify_all();
     lock.unlock();
+    capture.unlock();
     t.gate_.Unlock();
   };
-  t.CaptureWalLocked();
   if (before) before->assign(std::make_move_iterator(t.captured_.begin()),
                              std::make_move_iterator(t.captured_.end()));
   t.captured_.clear();
@@ -815,7 +834,9 @@ Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<Generation
     std::lock_guard lock(t.mu_);
     epoch = t.epoch_;
   }
-  GenerationId gen{epoch, gens.empty() ? 1 : gens.back().index + 1};
+  std::uint64_t index = 0;
+  for (const auto& g : gens) index = std::max(index, g.index);
+  GenerationId gen{epoch, index + 1};  // above every index, so no name is ever reused
   struct stat st;
   ::fstat(snap.get(), &st);
   Status put = o_.destination->PutFile(
@@ -1102,6 +1123,7 @@ void Replicator::Impl::ResetTenant(const FleetFile& main) {
   auto t = TenantFor(main, false);
   if (!t) return;
   std::lock_guard ship(t->ship_mu_);
+  std::lock_guard capture(t->capture_mu_);
   std::lock_guard lock(t->mu_);
   t->cursor_ = {};
   t->commit_seen_.clear();

@@ -118,7 +118,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", required=True)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--count", type=int, default=3000, help="transactions per throughput run")
+    ap.add_argument("--count", type=int, default=10000, help="transactions per throughput run")
     ap.add_argument("--lag-seconds", type=float, default=15)
     ap.add_argument("--lag-rate", type=float, default=200, help="transactions per second")
     ap.add_argument("--restore-mb", type=int, default=1024)

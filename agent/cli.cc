@@ -301,7 +301,9 @@ slot, on the hosts that own their slots. A host owns slot ranges by claiming
 them on a shared ownership table, which grants an epoch (a fencing token), and
 renews a lease on them. 'fleetfs mount' runs the agent: a FUSE mount in which
 only the files of the slots this host serves now are visible, and whose open
-files are fenced the moment a range's lease lapses.
+files are fenced the moment a range's lease lapses. With --replica, every
+commit ships to a replica, and a missing or stale tenant file is restored
+from it before it is exposed; 'fleetfs replica' and 'fleetfs restore' read it.
 
 EXIT STATUS
   0  success (mount: stopped cleanly by SIGTERM or SIGINT)
@@ -315,6 +317,7 @@ EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
   fleetfs status /mnt/fleet
   fleetfs slot acme
+  fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
 
 Run 'fleetfs COMMAND --help' for each command.
 )";

@@ -290,5 +290,53 @@ TEST(Help, describes_commands_and_exit_status) {
   EXPECT_EQ(ran.err, "fleetfs: unknown command 'frobnicate'; run 'fleetfs --help'\n");
 }
 
+TEST(ReplicaCommands, bad_input_is_named_and_no_output_file_is_left) {
+  TempDir dir;
+  const std::string replica = "file://" + dir.File("replica");
+  std::filesystem::create_directories(dir.File("replica"));
+  const std::string out = dir.File("out.db");
+  Ran ran = Fleetfs({"restore", "acme", "--replica", "s3://bucket", "-o", out});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("only file:///ABSOLUTE/DIR"), std::string::npos) << ran.err;
+  ran = Fleetfs({"restore", "acme", "--replica", replica, "--at", "yesterday", "-o", out});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("--at 'yesterday'"), std::string::npos) << ran.err;
+  ran = Fleetfs({"restore", "bad id!", "--replica", replica, "-o", out});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("tenant id"), std::string::npos) << ran.err;
+  ran = Fleetfs({"restore", "acme", "--replica", "file://" + dir.File("absent"), "-o", out});
+  EXPECT_EQ(ran.code, 1);
+  EXPECT_NE(ran.err.find("is not a directory"), std::string::npos) << ran.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.File("absent")));  // reading makes nothing
+  ran = Fleetfs({"restore", "acme", "--replica", replica, "-o", out});
+  EXPECT_EQ(ran.code, 1);
+  EXPECT_NE(ran.err.find("holds no generation of 176/acme.db"), std::string::npos) << ran.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  ran = Fleetfs({"replica", "ls", "acme", "--replica", replica});
+  EXPECT_EQ(ran.code, 1);
+  std::ofstream(out) << "keep me";
+  ran = Fleetfs({"restore", "acme", "--replica", replica, "-o", out});
+  EXPECT_EQ(ran.code, 1);
+  EXPECT_NE(ran.err.find("restore never overwrites"), std::string::npos) << ran.err;
+  EXPECT_EQ(Slurp(out), "keep me");
+}
+
+TEST(ReplicaCommands, help_describes_point_in_time_and_verify) {
+  Ran ran = Fleetfs({"restore", "--help"});
+  EXPECT_EQ(ran.code, 0);
+  for (const char* part : {"--at", "-o", "never overwrites", "EXAMPLES", "@MILLISECONDS"}) {
+    EXPECT_NE(ran.out.find(part), std::string::npos) << part;
+  }
+  ran = Fleetfs({"replica", "--help"});
+  EXPECT_EQ(ran.code, 0);
+  for (const char* part : {"ls", "verify", "integrity_check"}) {
+    EXPECT_NE(ran.out.find(part), std::string::npos) << part;
+  }
+  ran = Fleetfs({"mount", "--help"});
+  for (const char* part : {"--replica", "--sync-interval", "REPLICATION", "retention"}) {
+    EXPECT_NE(ran.out.find(part), std::string::npos) << part;
+  }
+}
+
 }  // namespace
 }  // namespace fleetfs

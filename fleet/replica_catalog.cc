@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cstdio>
 
+#include "fleet/fd_io.h"
+
 namespace fleetfs::replica {
 namespace {
 
@@ -26,16 +28,7 @@ std::string Padded(std::uint64_t v, int width) {
 
 Status ApplyTxn(int fd, const Txn& t) {
   for (const PageWrite& w : t.writes) {
-    std::size_t done = 0;
-    while (done < w.data.size()) {
-      ssize_t n = ::pwrite(fd, w.data.data() + done, w.data.size() - done,
-                           static_cast<off_t>(w.offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus("writing the restored database", errno);
-      }
-      done += static_cast<std::size_t>(n);
-    }
+    FLEETFS_RETURN_IF_ERROR(PwriteAll(fd, w.data.data(), w.data.size(), w.offset));
   }
   if (::ftruncate(fd, static_cast<off_t>(t.db_size)) != 0) {
     return ErrnoStatus("sizing the restored database", errno);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "fleet/fd_io.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::replica {
@@ -115,19 +116,6 @@ class FileDestination final : public Destination {
  private:
   std::string Path(std::string_view rel) const {
     return rel.empty() ? root_ : root_ + "/" + std::string(rel);
-  }
-
-  static Status WriteAll(int fd, const char* data, std::size_t n) {
-    while (n > 0) {
-      ssize_t w = ::write(fd, data, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus("writing", errno);
-      }
-      data += w;
-      n -= static_cast<std::size_t>(w);
-    }
-    return Status::Ok();
   }
 
   // Write, sync, rename, sync the directory: a reader on any host sees the

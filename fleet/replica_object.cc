@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "fleet/fd_io.h"
+
 namespace fleetfs::replica {
 namespace {
 
@@ -40,19 +42,6 @@ std::string Header(std::string_view magic, std::uint32_t commits, WallMs first, 
   Put<std::uint64_t>(h, stored);
   Put<std::uint64_t>(h, hash);
   return h;
-}
-
-Status WriteAll(int fd, const char* data, std::size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus("writing", errno);
-    }
-    data += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -186,20 +175,8 @@ Status WriteSnapshot(int src_fd, std::uint64_t db_size, WallMs as_of_ms, Snapsho
   std::uint64_t offset = 0;
   while (true) {
     std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, db_size - offset));
-    std::size_t got = 0;
-    while (got < want) {
-      ssize_t r = ::pread(src_fd, in.data() + got, want - got, static_cast<off_t>(offset + got));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus("reading the database", errno);
-      }
-      if (r == 0) {
-        std::memset(in.data() + got, 0, want - got);  // pages that exist only in the WAL
-        got = want;
-        break;
-      }
-      got += static_cast<std::size_t>(r);
-    }
+    FLEETFS_ASSIGN_OR_RETURN(std::size_t got, PreadFull(src_fd, in.data(), want, offset));
+    std::memset(in.data() + got, 0, want - got);  // pages that exist only in the WAL
     if (overlay && want > 0) overlay(offset, in.data(), want);
     XXH64_update(hash.get(), in.data(), want);
     offset += want;
@@ -240,15 +217,7 @@ SnapshotReader::~SnapshotReader() {
 Status SnapshotReader::Emit(const char* data, std::size_t n) {
   if (written_ + n > summary_.db_size) return DataLoss("more bytes than the header says");
   XXH64_update(static_cast<XXH64_state_t*>(hash_state_), data, n);
-  std::size_t done = 0;
-  while (done < n) {
-    ssize_t w = ::pwrite(out_fd_, data + done, n - done, static_cast<off_t>(written_ + done));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus("writing the restored database", errno);
-    }
-    done += static_cast<std::size_t>(w);
-  }
+  FLEETFS_RETURN_IF_ERROR(PwriteAll(out_fd_, data, n, written_));
   written_ += n;
   return Status::Ok();
 }

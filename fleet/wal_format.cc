@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <map>
 
+#include "fleet/fd_io.h"
+
 namespace fleetfs::wal {
 namespace {
 
@@ -19,21 +21,6 @@ std::uint32_t Le32(const std::uint8_t* p) {
 
 bool ValidPageSize(std::uint32_t size) {
   return size >= 512 && size <= 65536 && (size & (size - 1)) == 0;
-}
-
-// Reads exactly `n` bytes at `off`, or fewer at the end of the file.
-Result<std::size_t> ReadAt(int fd, std::uint8_t* buf, std::size_t n, std::uint64_t off) {
-  std::size_t done = 0;
-  while (done < n) {
-    ssize_t got = ::pread(fd, buf + done, n - done, static_cast<off_t>(off + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus("reading the WAL", errno);
-    }
-    if (got == 0) break;
-    done += static_cast<std::size_t>(got);
-  }
-  return done;
 }
 
 }  // namespace
@@ -80,7 +67,7 @@ FrameHeader ParseFrameHeader(const std::uint8_t* bytes) {
 Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_bytes) {
   ReadResult result;
   std::uint8_t hbuf[kHeaderSize];
-  FLEETFS_ASSIGN_OR_RETURN(std::size_t got, ReadAt(fd, hbuf, sizeof hbuf, 0));
+  FLEETFS_ASSIGN_OR_RETURN(std::size_t got, PreadFull(fd, hbuf, sizeof hbuf, 0));
   std::optional<Header> header = ParseHeader(hbuf, got);
   if (!header) return result;  // no log yet, or a header being written
   if (!cursor.header || cursor.header->salt1 != header->salt1 ||
@@ -105,7 +92,7 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
   Checksum chain = cursor.chain;
   std::uint64_t returned = 0;
   while (true) {
-    FLEETFS_ASSIGN_OR_RETURN(std::size_t n, ReadAt(fd, batch.data(), batch.size(), offset));
+    FLEETFS_ASSIGN_OR_RETURN(std::size_t n, PreadFull(fd, batch.data(), batch.size(), offset));
     std::size_t frames = n / frame_size;
     if (frames == 0) break;
     bool stop = false;

@@ -27,11 +27,7 @@ import threading
 import time
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_mount import free_port, inserts  # the same workload as the mount benchmark
 
 
 class Agent:
@@ -77,19 +73,6 @@ class Agent:
 def tenant_path(binary, name):
     out = subprocess.run([binary, "slot", "--json", name], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)[0]["tenant_path"]
-
-
-def inserts(path, journal_mode, synchronous, count):
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute(f"PRAGMA journal_mode={journal_mode}")
-    db.execute(f"PRAGMA synchronous={synchronous}")
-    db.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v TEXT)")
-    started = time.perf_counter()
-    for _ in range(count):
-        db.execute("INSERT INTO t(v) VALUES (?)", ("x" * 100,))
-    took = time.perf_counter() - started
-    db.close()
-    return count / took
 
 
 def steady_writer(path, rate, seconds):

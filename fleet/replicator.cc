@@ -792,10 +792,14 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
       }
     }
   }
-  std::string spool = std::string(kSpoolDir) + "/" + MarkerName(t.main()) + ".snap";
-  UniqueFd out(::openat(root_.get(), spool.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  // An unnamed file in the spool directory: it goes away with its descriptor,
+  // so a snapshot never stays on the volume after its upload (or a crash).
+  UniqueFd out(::openat(root_.get(), std::string(kSpoolDir).c_str(), O_RDWR | O_TMPFILE | O_CLOEXEC,
+                        0600));
   if (!out.valid()) {
-    Status s = ErrnoStatus("making the snapshot spool file " + spool, errno);
+    Status s = ErrnoStatus("making a snapshot spool file in " + o_.backing + "/" +
+                               std::string(kSpoolDir),
+                           errno);
     done();
     return s;
   }

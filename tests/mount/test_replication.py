@@ -233,6 +233,57 @@ class Replication(MountTest):
         self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         self.assertIn(99, rows(out)[0], "the commit made while the destination failed was lost")
 
+    def test_a_crash_mid_transaction_ships_the_rollback(self):
+        """A rollback-journal writer dies after spilling pages into the main
+        file: the next opener rolls them back, and that "commit" ships too."""
+        tenant = tenants_in(0, 16383, 1, prefix="hot")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "delete")
+        path = os.path.join(a.mount, rel)
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("BEGIN")
+        for i in range(300):
+            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(2000))", (i,))
+        db.execute("COMMIT")
+        db.close()
+        self.wait_shipped(a)
+        script = (
+            "import os, signal, sqlite3\n"
+            f"db = sqlite3.connect({path!r}, isolation_level=None)\n"
+            "db.execute('PRAGMA cache_size=5')\n"
+            "db.execute('BEGIN')\n"
+            "db.execute('UPDATE t SET pad = randomblob(2000)')\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+        main_file = os.path.join(a.backing, rel)
+        with open(main_file, "rb") as f:
+            before = f.read()
+        subprocess.run(["python3", "-c", script], timeout=60)
+        with open(main_file, "rb") as f:
+            self.assertNotEqual(f.read(), before, "the writer died before spilling pages")
+        journal = os.path.join(a.backing, rel + "-journal")
+        self.assertTrue(os.path.exists(journal) and os.path.getsize(journal) > 0,
+                        "the writer died without leaving a hot journal")
+        opener = sqlite3.connect(path)  # rolls the hot journal back
+        self.assertEqual(opener.execute("SELECT count(*) FROM t").fetchone()[0], 300)
+        self.assertEqual(opener.execute("PRAGMA integrity_check").fetchone()[0], "ok")
+        opener.close()
+        self.assertFalse(os.path.exists(journal))
+        self.wait_shipped(a)
+
+        def content(p):
+            c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+            try:
+                return c.execute("SELECT id, hex(pad) FROM t ORDER BY id").fetchall()
+            finally:
+                c.close()
+        out = os.path.join(self.root, "restored.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(rows(out)[1], "ok")
+        self.assertEqual(content(out), content(path), "the replica is not the rolled-back state")
+        with open(main_file, "rb") as f:
+            self.assertEqual(f.read(), before, "the rollback did not restore the main file")
+
     # 5. A corrupt segment: restore and verify name it; nothing is published.
     def test_corrupt_segment_is_named_and_nothing_is_published(self):
         tenant = tenants_in(0, 16383, 1, prefix="corrupt")[0]

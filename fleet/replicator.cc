@@ -409,6 +409,7 @@ class Tenant final : public TenantWatch {
   bool deleted_ = false;
   bool marker_present_ = false;
   std::uint64_t writes_seen_ = 0;
+  std::uint64_t writes_last_round_ = 0;  // writes_seen_ at the previous shipping round
 };
 
 // ---- start and stop ----
@@ -650,12 +651,18 @@ bool Replicator::Impl::Sync(Tenant& t) {
     periodic = t.gen_ && !t.need_generation_ && t.commits_since_snapshot_ > 0 &&
                NowMs() - t.last_snapshot_ms_ >= o_.snapshot_interval.count();
     if (!has_captured && !need_gen && !periodic) {
-      if (t.writes_seen_ == writes_at_scan && !t.journal_hot_ && t.commit_seen_.empty() &&
-          !t.need_generation_) {
+      if (writes_at_scan == t.writes_last_round_ && !t.commit_seen_.empty()) {
+        // A commit frame whose chain never became valid, with no write for a
+        // whole round: a writer that died mid-commit. It never commits.
+        t.commit_seen_.clear();
+      }
+      t.writes_last_round_ = writes_at_scan;
+      if (!t.journal_hot_ && t.commit_seen_.empty() && !t.need_generation_) {
         t.RemoveMarkerLocked();
       }
       return !t.marker_present_ || !t.need_generation_;
     }
+    t.writes_last_round_ = writes_at_scan;
     if (epoch == 0 || epoch < t.stopped_below_) return false;  // nothing we may ship under
   }
   const bool serving_now = o_.serving_epoch && o_.serving_epoch(t.main().slot) == epoch;
@@ -916,7 +923,12 @@ bool Replicator::Impl::Flush(MonoTime deadline) {
       for (auto& [k, t] : tenants_) all.push_back(t);
     }
     bool clean = true;
-    for (auto& t : all) clean = Sync(*t) && clean;
+    for (auto& t : all) {
+      // A tenant of a range this host no longer serves can ship nothing; it
+      // does not hold back the release of the ranges it does serve.
+      if (o_.serving_epoch && !o_.serving_epoch(t->main().slot)) continue;
+      clean = Sync(*t) && clean;
+    }
     {
       std::lock_guard lock(tenants_mu_);
       clean = clean && tombstones_.empty();

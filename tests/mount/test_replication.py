@@ -157,6 +157,21 @@ class Replication(MountTest):
     def test_failover_rollback_journal(self):
         self.failover_under_load("delete")
 
+    def test_a_claimed_range_is_restored_in_the_background(self):
+        tenants = tenants_in(0, 16383, 5, prefix="warm")
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rels = [self.make_tenant(a, t, "wal") for t in tenants]
+        self.wait_shipped(a)
+        self.assertEqual(a.stop(), 0)
+        b = self.ragent("b").start()
+        # Nobody looks anything up on B: the warm-up alone brings them.
+        wait_for(lambda: all(os.path.exists(os.path.join(b.backing, r)) for r in rels), 15,
+                 "every tenant restored on B", on_fail=b.log_tail)
+        self.assertIn("warming range 0-16383", b.log())
+        for r in rels:
+            self.assertEqual(rows(os.path.join(b.mount, r))[1], "ok")
+
     # 3. A newer epoch at the destination stops the replicator and drops the range.
     def test_newer_epoch_at_the_replica_drops_the_range(self):
         tenant = tenants_in(0, 16383, 1, prefix="newer")[0]
@@ -200,7 +215,11 @@ class Replication(MountTest):
             self.wait_shipped(a)
             for i, at in marks:
                 out = os.path.join(self.root, f"{tenant}-{i}.db")
-                r = cli("restore", tenant, "--replica", self.replica, "--at", f"@{at}", "-o", out)
+                # Both spellings of a time: milliseconds, and UTC to the millisecond.
+                when = f"@{at}" if i % 2 else (
+                    time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at // 1000)) +
+                    f".{at % 1000:03d}Z")
+                r = cli("restore", tenant, "--replica", self.replica, "--at", when, "-o", out)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 ids, check = rows(out)
                 self.assertEqual(check, "ok")

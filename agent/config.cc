@@ -125,19 +125,22 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       FLEETFS_ASSIGN_OR_RETURN(slot, TextKey(table, key, file));
       return Status::Ok();
     };
-    FLEETFS_RETURN_IF_ERROR(fill(merged.backing, "backing"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.mountpoint, "mount"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.mode, "mode"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.owner, "owner"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.ranges, "ranges"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.store, "store"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.ttl, "ttl"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.admin, "admin"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.shutdown_grace, "shutdown_grace"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.replica, "replica"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.sync_interval, "sync_interval"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.snapshot_interval, "snapshot_interval"));
-    FLEETFS_RETURN_IF_ERROR(fill(merged.retention, "retention"));
+    const std::pair<std::optional<std::string>*, std::string_view> text_keys[] = {
+        {&merged.backing, "backing"},
+        {&merged.mountpoint, "mount"},
+        {&merged.mode, "mode"},
+        {&merged.owner, "owner"},
+        {&merged.ranges, "ranges"},
+        {&merged.store, "store"},
+        {&merged.ttl, "ttl"},
+        {&merged.admin, "admin"},
+        {&merged.shutdown_grace, "shutdown_grace"},
+        {&merged.replica, "replica"},
+        {&merged.sync_interval, "sync_interval"},
+        {&merged.snapshot_interval, "snapshot_interval"},
+        {&merged.retention, "retention"},
+    };
+    for (const auto& [slot, key] : text_keys) FLEETFS_RETURN_IF_ERROR(fill(*slot, key));
     if (const toml::node* node = table.get("no_create")) {
       if (!node->is_boolean()) return KeyError("no_create", "in " + file + ", must be true or false");
       file_no_create = *node->value<bool>();

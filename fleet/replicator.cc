@@ -97,7 +97,6 @@ class Replicator::Impl {
   ReplicationStats Stats() const;
 
   // Used by Tenant.
-  const ReplicatorOptions& options() const { return o_; }
   int root() const { return root_.get(); }
   WallMs NowMs() const { return o_.wall->NowMs(); }
 
@@ -162,8 +161,6 @@ class Replicator::Impl {
   ReplicationStats stats_;
   std::vector<double> lags_;
   std::size_t lag_next_ = 0;
-
-  friend class Tenant;
 };
 
 // ---- one tenant's capture state ----

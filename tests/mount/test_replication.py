@@ -131,8 +131,10 @@ class Replication(MountTest):
                 attempted_max[r // 1_000_000] = max(attempted_max[r // 1_000_000], r % 1_000_000)
             for r in on_b:
                 self.assertLessEqual(r % 1_000_000, attempted_max[r // 1_000_000] + 1)
+            strict = {r for r, when in committed.items() if when <= kill_time - SYNC_S}
             print(f"\n{journal_mode} {t}: {len(committed)} committed, {len(due)} due, "
-                  f"{len(on_b)} on B", flush=True)
+                  f"{len(on_b)} on B; of the {len(strict)} made one sync interval before the "
+                  f"kill, {len(strict - on_b)} missing", flush=True)
         self.assertIn("restored", b.log())
 
         # 2. B writes; A comes back after B stops; A's own older file is

@@ -476,7 +476,7 @@ CONFIGURATION FILE (TOML; every key is also a flag, flags win)
   replica = "file:///var/lib/fleetfs/replica"   # or "off" (the default)
   sync_interval = "1s"            # how often commits ship; 10ms to 600s
   snapshot_interval = "1h"        # a new snapshot in a generation this often
-  retention = "72h"               # generations whose last commit is older go
+  retention = "72h"               # any commit this recent can be restored
 
 REPLICATION (with --replica)
 Every commit of a served database ships to the replica: WAL frames once
@@ -488,7 +488,10 @@ snapshot first, then segments (zstd, XXH64). A missing main file is restored
 from the replica before its lookup answers; a file older than another owner's
 newer epoch at the replica is replaced first. Deleting a tenant through the
 mount writes a tombstone. A planned stop ships everything before releasing; a
-crash loses at most the commits of the last sync interval.
+crash loses at most the commits of the last sync interval. Retention: after
+each new snapshot, older generations whose last commit is past the retention
+go (never the newest), and so do objects that precede a snapshot older than
+the retention; any commit within the retention stays restorable.
 
 ADMIN ENDPOINT
   /health   200 while every range is served or waiting; 503 with the reason
@@ -631,7 +634,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                                    "How often a generation takes a new snapshot")
                      ->default_str("1h");
   auto* o_retention = mount->add_option("--retention", retention,
-                                        "Generations whose last commit is older are removed")
+                                        "How long any commit stays restorable")
                           ->default_str("72h");
 
   ReplicaArgs rargs;

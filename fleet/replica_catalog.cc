@@ -143,24 +143,31 @@ Result<RestoreOutcome> RestoreTo(Destination& dest, std::string_view key_dir,
   outcome.generation = chosen->id;
   const std::string gen_name = dest.url() + "/" + GenerationDir(key_dir, chosen->id);
   const auto& objects = chosen->objects;
-  if (objects.front().id.seq != 0) {
-    return DataLoss("replica generation " + gen_name + " has no object 0000000000");
-  }
   if (objects.front().summary.kind == ObjectKind::kTombstone) {
     outcome.result = RestoreResult::kDeleted;
     outcome.as_of_ms = objects.front().summary.first_ms;
     return outcome;
   }
-  // The last snapshot not after the target time, then the segments after it.
-  std::size_t start = 0;
+  // The last snapshot not after the target time, then the segments after it,
+  // numbered without a gap. (Retention removes a generation's objects older
+  // than a kept snapshot, oldest first, so what comes before does not matter.)
+  std::optional<std::size_t> found;
   for (std::size_t i = 0; i < objects.size(); ++i) {
-    if (objects[i].id.seq != i) {
-      return DataLoss("replica generation " + gen_name + " is missing object " +
-                      ObjectId{i, ObjectKind::kSegment}.Name() + " (a gap in its numbering)");
-    }
     if (objects[i].summary.kind == ObjectKind::kSnapshot &&
         (!at_ms || objects[i].summary.first_ms <= *at_ms)) {
-      start = i;
+      found = i;
+    }
+  }
+  if (!found) {
+    return DataLoss("replica generation " + gen_name + " holds no snapshot" +
+                    (at_ms ? " at or before that time" : ""));
+  }
+  const std::size_t start = *found;
+  for (std::size_t i = start + 1; i < objects.size(); ++i) {
+    const std::uint64_t want = objects[i - 1].id.seq + 1;
+    if (objects[i].id.seq != want) {
+      return DataLoss("replica generation " + gen_name + " is missing object " +
+                      ObjectId{want, ObjectKind::kSegment}.Name() + " (a gap in its numbering)");
     }
   }
   std::uint64_t total = 0, done = 0;
@@ -168,9 +175,6 @@ Result<RestoreOutcome> RestoreTo(Destination& dest, std::string_view key_dir,
     if (objects[i].summary.kind != ObjectKind::kSnapshot || i == start) total += objects[i].bytes;
   }
   const ObjectInfo& snap = objects[start];
-  if (snap.summary.kind != ObjectKind::kSnapshot) {
-    return DataLoss("replica generation " + gen_name + " does not start with a snapshot");
-  }
   {
     std::string path = ObjectPath(key_dir, chosen->id, snap.id);
     SnapshotReader reader(out_fd);
@@ -214,11 +218,27 @@ Result<RestoreOutcome> RestoreTo(Destination& dest, std::string_view key_dir,
 Result<int> PruneGenerations(Destination& dest, std::string_view key_dir, WallMs before_ms) {
   FLEETFS_ASSIGN_OR_RETURN(std::vector<GenerationId> gens, ListGenerations(dest, key_dir));
   int removed = 0;
-  for (std::size_t i = 0; i + 1 < gens.size(); ++i) {
+  for (std::size_t i = 0; i < gens.size(); ++i) {
     FLEETFS_ASSIGN_OR_RETURN(GenerationInfo info, DescribeGeneration(dest, key_dir, gens[i]));
-    if (info.last_ms >= before_ms) continue;
-    FLEETFS_RETURN_IF_ERROR(dest.Remove(GenerationDir(key_dir, gens[i])));
-    ++removed;
+    if (i + 1 < gens.size() && info.last_ms < before_ms) {
+      FLEETFS_RETURN_IF_ERROR(dest.Remove(GenerationDir(key_dir, gens[i])));
+      ++removed;
+      continue;
+    }
+    // Inside a kept generation: what precedes its newest snapshot taken
+    // before the cut is needed by no restore within the retention. Oldest
+    // first, so an interrupted prune leaves a restorable tail.
+    std::optional<std::size_t> cut;
+    for (std::size_t j = 1; j < info.objects.size(); ++j) {
+      if (info.objects[j].summary.kind == ObjectKind::kSnapshot &&
+          info.objects[j].summary.first_ms < before_ms) {
+        cut = j;
+      }
+    }
+    for (std::size_t j = 0; cut && j < *cut; ++j) {
+      FLEETFS_RETURN_IF_ERROR(dest.Remove(ObjectPath(key_dir, gens[i], info.objects[j].id)));
+      ++removed;
+    }
   }
   return removed;
 }

@@ -4,7 +4,8 @@
 //   <bucket>/<file>/e<epoch:020>-g<index:08>/<seq:010>.<snap|seg|tomb>
 //
 // A generation is written under one epoch by one agent run; its objects are
-// numbered without gaps from 0, which is always a snapshot (or a tombstone).
+// numbered without gaps from 0, which is always a snapshot (or a tombstone);
+// retention may remove a prefix of them up to a later snapshot.
 // Generations order by (epoch, index), so the newest epoch of a key is one
 // listing away. A restore takes the newest generation (at time T: the newest
 // whose first object is not after T), never an older epoch's generation that
@@ -93,7 +94,9 @@ Result<RestoreOutcome> RestoreTo(Destination& dest, std::string_view key_dir,
                                  std::optional<WallMs> at_ms, int out_fd,
                                  const Progress& progress = nullptr);
 
-// Removes generations whose last time is before `before_ms`, except the newest.
+// Retention: removes generations whose last time is before `before_ms`
+// (never the newest), and inside the others the objects that precede their
+// newest snapshot taken before `before_ms`. Returns how many it removed.
 Result<int> PruneGenerations(Destination& dest, std::string_view key_dir, WallMs before_ms);
 
 }  // namespace fleetfs::replica

@@ -178,6 +178,22 @@ TEST_F(Catalog, pruning_removes_old_generations_but_never_the_newest) {
   EXPECT_EQ(gens->front(), (GenerationId{2, 3}));
 }
 
+TEST_F(Catalog, pruning_inside_a_generation_keeps_every_restore_within_the_retention) {
+  GenerationId gen{1, 1};
+  PutSnapshot(gen, 0, std::string(4096, 'x'), 100);
+  PutSegment(gen, 1, {Write(150, 0, "A", 4096)});
+  PutSnapshot(gen, 2, "A" + std::string(4095, 'x'), 300);
+  PutSegment(gen, 3, {Write(350, 1, "B", 4096)});
+  auto removed = PruneGenerations(*dest_, kKey, 320);
+  ASSERT_TRUE(removed.ok()) << removed.status().message();
+  EXPECT_EQ(*removed, 2);  // objects 0 and 1; the snapshot at 300 stays
+  EXPECT_EQ(Restore(std::nullopt)->substr(0, 3), "ABx");
+  EXPECT_EQ(Restore(300)->substr(0, 3), "Axx");
+  RestoreOutcome outcome;
+  ASSERT_TRUE(Restore(200, &outcome).ok());  // before the retention: gone
+  EXPECT_EQ(outcome.result, RestoreResult::kNoReplica);
+}
+
 TEST(Destination, only_absolute_file_urls_are_taken) {
   EXPECT_EQ(ValidateDestinationUrl("s3://bucket/x").code(), Code::kInvalidArgument);
   EXPECT_EQ(ValidateDestinationUrl("file://relative").code(), Code::kInvalidArgument);

@@ -122,6 +122,7 @@ class Replicator::Impl {
   Status UploadSegment(Tenant& t);
   Status StartGeneration(Tenant& t, const std::vector<GenerationId>& gens);
   Status PeriodicSnapshot(Tenant& t);
+  void Prune(Tenant& t);  // retention, after a new snapshot
   Result<UniqueFd> TakeSnapshot(Tenant& t, std::vector<Txn>* before);
   void UploadTombstones();
   void PrepareLoop();
@@ -865,11 +866,7 @@ Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<Generation
     ++stats_.snapshots;
     stats_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
   }
-  auto pruned = PruneGenerations(*o_.destination, t.key_dir(), NowMs() - o_.retention.count());
-  if (pruned.ok() && *pruned > 0) {
-    spdlog::info("replica: {}: removed {} generations older than the retention", t.main().main_path,
-                 *pruned);
-  }
+  Prune(t);
   return Status::Ok();
 }
 
@@ -906,9 +903,22 @@ Status Replicator::Impl::PeriodicSnapshot(Tenant& t) {
   t.next_seq_ = seq + 1;
   t.last_snapshot_ms_ = NowMs();
   t.commits_since_snapshot_ = 0;
-  std::lock_guard s(stats_mu_);
-  ++stats_.snapshots;
+  {
+    std::lock_guard s(stats_mu_);
+    ++stats_.snapshots;
+  }
+  Prune(t);
   return Status::Ok();
+}
+
+void Replicator::Impl::Prune(Tenant& t) {
+  auto pruned = PruneGenerations(*o_.destination, t.key_dir(), NowMs() - o_.retention.count());
+  if (!pruned.ok()) {
+    spdlog::warn("replica: retention of {}: {}", t.main().main_path, pruned.status().message());
+  } else if (*pruned > 0) {
+    spdlog::info("replica: {}: removed {} objects or generations older than the retention",
+                 t.main().main_path, *pruned);
+  }
 }
 
 bool Replicator::Impl::Flush(MonoTime deadline) {

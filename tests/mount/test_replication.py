@@ -174,6 +174,32 @@ class Replication(MountTest):
         for r in rels:
             self.assertEqual(rows(os.path.join(b.mount, r))[1], "ok")
 
+    def test_periodic_snapshots_keep_every_point_restorable(self):
+        tenant = tenants_in(0, 16383, 1, prefix="periodic")[0]
+        a = self.ragent("a", extra=["--snapshot-interval", "1s"]).start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        wait_for(lambda: self.generations(tenant), 10, "a first generation")
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        marks = []
+        for i in range(1, 13):
+            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(100))", (i,))
+            time.sleep(0.15)
+            marks.append((i, int(time.time() * 1000)))
+            time.sleep(0.15)
+        db.close()
+        self.wait_shipped(a)
+        snaps = glob.glob(os.path.join(self.root, "replica", rel, "e*", "*.snap"))
+        self.assertGreaterEqual(len(snaps), 3, "no snapshot was taken inside the generation")
+        for i, at in marks:
+            out = os.path.join(self.root, f"p{i}.db")
+            r = cli("restore", tenant, "--replica", self.replica, "--at", f"@{at}", "-o", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            ids, check = rows(out)
+            self.assertEqual(check, "ok")
+            self.assertEqual(ids, set(range(1, i + 1)), f"restore at mark {i}")
+        self.assertEqual(cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
+
     # 3. A newer epoch at the destination stops the replicator and drops the range.
     def test_newer_epoch_at_the_replica_drops_the_range(self):
         tenant = tenants_in(0, 16383, 1, prefix="newer")[0]

@@ -1120,6 +1120,14 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     spdlog::error("replica: preparing the restored {}: {}", main.main_path, std::strerror(err));
     return EIO;
   }
+  if (o_.serving_epoch && o_.serving_epoch(main.slot) != epoch) {
+    // The range lapsed (or moved to a new epoch) while the copy was made:
+    // nothing is published for an epoch no longer served.
+    discard();
+    spdlog::warn("replica: {} restored, but epoch {} is no longer served; not published",
+                 main.main_path, epoch);
+    return ENOENT;
+  }
   ResetTenant(main);
   // Stray sidecars would replay onto the restored file: they go first.
   remove_set(replace);

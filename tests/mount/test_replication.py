@@ -219,6 +219,7 @@ class Replication(MountTest):
         with self.assertRaises(sqlite3.OperationalError):
             db.execute("INSERT INTO t(id, pad) VALUES (2, x'02')")
         db.close()
+        self.assertIn("it was lost; hiding it and fencing its handles", a.log())
         # Claimed again above the floor, and served at an epoch above the replica's.
         a.wait_states("serving", timeout=TTL_S * 3)
         self.assertGreater(a.status()["ranges"][0]["epoch"], newer)

@@ -694,6 +694,10 @@ bool Replicator::Impl::Sync(Tenant& t) {
   } else {
     st = UploadSegment(t);
   }
+  if (st.code() == Code::kFailedPrecondition) {
+    spdlog::debug("replica: {}", st.message());  // not the destination's fault
+    return false;
+  }
   if (!st.ok()) {
     RecordFailure(st.WithContext("shipping " + t.main().main_path));
     return false;
@@ -749,11 +753,14 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
   {
     std::unique_lock lock(t.mu_);
     t.want_snapshot_ = true;
-    if (!t.cv_.wait_for(lock, std::chrono::seconds(2), [&] { return !t.journal_hot_; })) {
+    // Short: the shipping thread serves every tenant, and a hot journal left
+    // by a writer that died stays hot until the next opener rolls it back.
+    if (!t.cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !t.journal_hot_; })) {
       t.want_snapshot_ = false;
       t.cv_.notify_all();
-      return Unavailable("a transaction on " + t.main().main_path +
-                         " stayed open for 2 s; the snapshot is retried at the next sync");
+      return Status(Code::kFailedPrecondition,
+                    "a transaction on " + t.main().main_path +
+                        " is open (or its journal is hot); the snapshot waits for the next round");
     }
   }
   // Every write to the main file and its WAL waits from here until the copy is

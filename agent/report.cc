@@ -135,6 +135,8 @@ Json StatusJson(const AgentSnapshot& s) {
         {"restore_failures", r.restore_failures},
         {"stale_replaced", r.stale_replaced},
         {"tombstones", r.tombstones},
+        {"newer_epochs_seen", r.newer_epochs},
+        {"warm_restores_queued", r.warm_queued},
         {"tenants", r.tenants},
         {"tenants_unshipped", r.unshipped_tenants},
         {"lag_p50_s", r.lag_p50_s},
@@ -279,6 +281,11 @@ std::string MetricsText(const AgentSnapshot& s) {
             "Files replaced because another owner wrote a newer epoch.", r.stale_replaced);
     counter("fleetfs_replication_tombstones_total", "Tombstones put for deleted tenants.",
             r.tombstones);
+    counter("fleetfs_replication_newer_epochs_total",
+            "Tenants whose replica held a newer epoch than ours (their range was dropped).",
+            r.newer_epochs);
+    counter("fleetfs_replication_warm_queued_total",
+            "Tenants queued for a background restore after a claim.", r.warm_queued);
     help("fleetfs_replication_lag_seconds", "gauge",
          "Commit-to-shipped time over the last shipped commits.");
     out << "fleetfs_replication_lag_seconds{quantile=\"0.5\"} " << r.lag_p50_s << '\n';

@@ -87,6 +87,34 @@ class Replication(MountTest):
         wait_for(done, timeout, f"{agent.name}: everything shipped", poll=0.05,
                  on_fail=agent.log_tail)
 
+    def commit_with_marks(self, path, count, pad):
+        """Commits rows 1..count one at a time; after each, a time mark strictly
+        between it and the next commit."""
+        db = sqlite3.connect(path, isolation_level=None)
+        marks = []
+        for i in range(1, count + 1):
+            db.execute(f"INSERT INTO t(id, pad) VALUES (?, {pad})", (i,))
+            time.sleep(0.15)
+            marks.append((i, int(time.time() * 1000)))
+            time.sleep(0.15)
+        db.close()
+        return marks
+
+    def assert_restores_at_marks(self, tenant, marks, spell_utc=False):
+        """A restore at each mark gives exactly the rows committed before it."""
+        for i, at in marks:
+            out = os.path.join(self.root, f"{tenant}-{i}.db")
+            # Both spellings of a time: milliseconds, and UTC to the millisecond.
+            when = f"@{at}" if not spell_utc or i % 2 else (
+                time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at // 1000)) +
+                f".{at % 1000:03d}Z")
+            r = cli("restore", tenant, "--replica", self.replica, "--at", when, "-o", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            ids, check = rows(out)
+            self.assertEqual(check, "ok")
+            self.assertEqual(ids, set(range(1, i + 1)), f"{tenant}: restore at mark {i}")
+        return out
+
     # 1 and 2: kill -9 under load, B restores; later A gets the range back.
     def failover_under_load(self, journal_mode):
         tenants = tenants_in(0, 16383, 3, prefix=f"load{journal_mode}")
@@ -180,24 +208,11 @@ class Replication(MountTest):
         a.wait_states("serving")
         rel = self.make_tenant(a, tenant, "wal")
         wait_for(lambda: self.generations(tenant), 10, "a first generation")
-        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
-        marks = []
-        for i in range(1, 13):
-            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(100))", (i,))
-            time.sleep(0.15)
-            marks.append((i, int(time.time() * 1000)))
-            time.sleep(0.15)
-        db.close()
+        marks = self.commit_with_marks(os.path.join(a.mount, rel), 12, "randomblob(100)")
         self.wait_shipped(a)
         snaps = glob.glob(os.path.join(self.root, "replica", rel, "e*", "*.snap"))
         self.assertGreaterEqual(len(snaps), 3, "no snapshot was taken inside the generation")
-        for i, at in marks:
-            out = os.path.join(self.root, f"p{i}.db")
-            r = cli("restore", tenant, "--replica", self.replica, "--at", f"@{at}", "-o", out)
-            self.assertEqual(r.returncode, 0, r.stderr)
-            ids, check = rows(out)
-            self.assertEqual(check, "ok")
-            self.assertEqual(ids, set(range(1, i + 1)), f"restore at mark {i}")
+        self.assert_restores_at_marks(tenant, marks)
         self.assertEqual(cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
 
     # 3. A newer epoch at the destination stops the replicator and drops the range.
@@ -233,26 +248,9 @@ class Replication(MountTest):
             tenant = tenants_in(0, 16383, 1, prefix=f"pit{mode}")[0]
             rel = self.make_tenant(a, tenant, mode)
             wait_for(lambda: self.generations(tenant), 10, "a first generation")
-            db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
-            marks = []
-            for i in range(1, 7):
-                db.execute("INSERT INTO t(id, pad) VALUES (?, x'00')", (i,))
-                time.sleep(0.15)
-                marks.append((i, int(time.time() * 1000)))
-                time.sleep(0.15)
-            db.close()
+            marks = self.commit_with_marks(os.path.join(a.mount, rel), 6, "x'00'")
             self.wait_shipped(a)
-            for i, at in marks:
-                out = os.path.join(self.root, f"{tenant}-{i}.db")
-                # Both spellings of a time: milliseconds, and UTC to the millisecond.
-                when = f"@{at}" if i % 2 else (
-                    time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at // 1000)) +
-                    f".{at % 1000:03d}Z")
-                r = cli("restore", tenant, "--replica", self.replica, "--at", when, "-o", out)
-                self.assertEqual(r.returncode, 0, r.stderr)
-                ids, check = rows(out)
-                self.assertEqual(check, "ok")
-                self.assertEqual(ids, set(range(1, i + 1)), f"{mode}: restore at mark {i}")
+            out = self.assert_restores_at_marks(tenant, marks, spell_utc=True)
             r = cli("restore", tenant, "--replica", self.replica, "-o", out)
             self.assertEqual(r.returncode, 1)
             self.assertIn("never overwrites", r.stderr)

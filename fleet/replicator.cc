@@ -18,14 +18,13 @@
 
 #include "fleet/replica_catalog.h"
 #include "fleet/replica_object.h"
+#include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
 #include "fleet/wal_format.h"
 
 namespace fleetfs::replica {
 namespace {
 
-constexpr std::string_view kEpochXattr = "user.fleetfs.epoch";
-constexpr std::string_view kKeyXattr = "user.fleetfs.key";
 constexpr std::string_view kMarkerDir = ".fleetfs/unshipped";
 constexpr std::string_view kSpoolDir = ".fleetfs/spool";
 // Captured transactions kept in memory while the destination does not take
@@ -46,24 +45,6 @@ std::string MarkerName(const FleetFile& main) {
   std::string m = main.main_path;
   std::replace(m.begin(), m.end(), '/', '-');
   return m;
-}
-
-std::optional<std::uint64_t> ReadStamp(const std::string& path) {
-  char buf[32];
-  ssize_t n = ::getxattr(path.c_str(), kEpochXattr.data(), buf, sizeof buf - 1);
-  if (n <= 0) return std::nullopt;
-  buf[n] = '\0';
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(buf, &end, 10);
-  if (end != buf + n) return std::nullopt;
-  return v;
-}
-
-std::optional<std::string> ReadKeyStamp(const std::string& path) {
-  char buf[256];
-  ssize_t n = ::getxattr(path.c_str(), kKeyXattr.data(), buf, sizeof buf);
-  if (n < 0) return std::nullopt;
-  return std::string(buf, static_cast<std::size_t>(n));
 }
 
 // Page size from a database header (bytes 16-17; 1 means 65536).
@@ -129,7 +110,6 @@ class Replicator::Impl {
   int RunPrepare(const Flight& f);
   int RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace);
   void ResetTenant(const FleetFile& main);
-  void EnsureBucket(int bucket);
   void RecordFailure(const Status& st);
   void RecordSuccess();
   void RecordLag(WallMs commit_ms, WallMs shipped_ms);
@@ -1026,19 +1006,20 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
     std::lock_guard lock(tenants_mu_);
     if (deleted_.count(main.main_path) > 0) return 0;  // deleted here: not brought back
   }
-  const std::string full = o_.backing + "/" + main.main_path;
   struct stat st;
   if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno != ENOENT) return errno;
     return RestoreInPlace(main, f.epoch, /*replace=*/false);
   }
   if (!S_ISREG(st.st_mode)) return 0;  // the mount hides it
-  if (auto key = ReadKeyStamp(full); key && *key != main.key) {
+  UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!file.valid()) return errno;
+  if (auto key = ReadKeyStamp(file.get()); key && *key != main.key) {
     spdlog::error("replica: {} says it belongs to '{}', not '{}'; refusing to expose it",
                   main.main_path, *key, main.key);
     return EIO;
   }
-  std::uint64_t stamp = ReadStamp(full).value_or(0);
+  std::uint64_t stamp = ReadEpochStamp(file.get()).value_or(0);
   if (stamp >= f.epoch) return 0;
   auto newest = NewestEpoch(*o_.destination, KeyDir(main));
   if (!newest.ok()) {
@@ -1057,29 +1038,18 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
     }
     return err;
   }
-  std::string e = std::to_string(f.epoch);
-  if (::setxattr(full.c_str(), kEpochXattr.data(), e.data(), e.size(), 0) != 0 ||
-      ::setxattr(full.c_str(), kKeyXattr.data(), main.key.data(), main.key.size(), 0) != 0) {
-    spdlog::warn("replica: cannot raise the epoch stamp of {}: {}", main.main_path,
-                 std::strerror(errno));
+  if (Status stamped = WriteStamps(file.get(), f.epoch, main.key, main.main_path); !stamped.ok()) {
+    spdlog::warn("replica: {}", stamped.message());
   }
   return 0;
 }
 
-void Replicator::Impl::EnsureBucket(int bucket) {
-  struct stat root;
-  std::string name = BucketName(bucket);
-  if (::fstat(root_.get(), &root) == 0 && ::mkdirat(root_.get(), name.c_str(), root.st_mode & 07777) == 0) {
-    UniqueFd dir(::openat(root_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir.valid() && ::fchown(dir.get(), root.st_uid, root.st_gid) != 0) {
-      spdlog::warn("replica: cannot give {} to the backing root's owner", name);
-    }
-  }
-}
-
 int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace) {
   const int bucket = main.slot / kSlotsPerBucket;
-  EnsureBucket(bucket);
+  if (auto made = OpenOrMakeBucket(root_.get(), bucket); !made.ok()) {
+    spdlog::error("replica: restoring {}: {}", main.main_path, made.status().message());
+    return EIO;
+  }
   const auto started = o_.mono->Now();
   static std::atomic<std::uint64_t> counter{0};
   const std::string name = main.main_path.substr(4);
@@ -1101,7 +1071,7 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     return EIO;
   }
   auto remove_set = [&](bool with_main) {
-    for (std::string_view suffix : {"-wal", "-shm", "-journal"}) {
+    for (std::string_view suffix : kSidecarSuffixes) {
       ::unlinkat(root_.get(), (main.main_path + std::string(suffix)).c_str(), 0);
     }
     if (with_main) ::unlinkat(root_.get(), main.main_path.c_str(), 0);
@@ -1116,9 +1086,7 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     }
     return 0;
   }
-  std::string e = std::to_string(epoch);
-  if (::fsetxattr(fd.get(), kEpochXattr.data(), e.data(), e.size(), 0) != 0 ||
-      ::fsetxattr(fd.get(), kKeyXattr.data(), main.key.data(), main.key.size(), 0) != 0 ||
+  if (!WriteStamps(fd.get(), epoch, main.key, main.main_path).ok() ||
       ::fchown(fd.get(), outcome->owner.uid, outcome->owner.gid) != 0 ||
       ::fchmod(fd.get(), outcome->owner.mode != 0 ? outcome->owner.mode : 0644) != 0 ||
       ::fsync(fd.get()) != 0) {

@@ -24,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::vfs {
@@ -40,8 +41,6 @@ constexpr fuse_ino_t kFirstFileIno = 1024;
 constexpr std::string_view kControlDirName = ".fleetfs";
 constexpr std::string_view kStatusName = "status.json";
 constexpr std::string_view kRangesName = "ranges";
-constexpr std::string_view kEpochXattr = "user.fleetfs.epoch";
-constexpr std::string_view kKeyXattr = "user.fleetfs.key";
 
 // The kernel may cache entries and attributes this long; a fence tells it to
 // forget them at once, so the timeout only bounds staleness of attributes.
@@ -619,23 +618,18 @@ int FleetFs::Impl::BucketFd(int bucket) {
   return fd;
 }
 
-// The backing bucket directory is made with the first file in it, with the
-// backing root's owner and mode, so whoever may create in the root may
-// create in every bucket.
+// The backing bucket directory is made with the first file in it (see
+// OpenOrMakeBucket: the root's owner and mode, so whoever may create in the
+// root may create in every bucket).
 int FleetFs::Impl::EnsureBucket(int bucket) {
   int fd = BucketFd(bucket);
   if (fd >= 0) return fd;
-  std::string name = BucketName(bucket);
-  if (::mkdirat(root_fd_.get(), name.c_str(), root_stat_.st_mode & 07777) == 0) {
-    int dfd = ::openat(root_fd_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-    if (dfd >= 0) {
-      ::fchown(dfd, root_stat_.st_uid, root_stat_.st_gid);
-      ::fchmod(dfd, root_stat_.st_mode & 07777);
-      ::close(dfd);
-    }
-  } else if (errno != EEXIST) {
-    return -errno;
+  auto made = OpenOrMakeBucket(root_fd_.get(), bucket);
+  if (!made.ok()) {
+    spdlog::warn("vfs: {}", made.status().message());
+    return -EIO;
   }
+  made->Reset();
   fd = BucketFd(bucket);
   return fd >= 0 ? fd : -EIO;
 }
@@ -777,12 +771,7 @@ bool FleetFs::Impl::NeedsPrepare(const FileInode* inode, std::uint64_t epoch) co
   if (inode->exposed_epoch.load() >= epoch) return false;
   // The stamp is read here, on the FUSE thread: a local call, and the common
   // answer ("already stamped for this epoch") needs nothing more.
-  char buf[32];
-  ssize_t n = ::getxattr(ProcPath(inode->path_fd.get()).c_str(), kEpochXattr.data(), buf,
-                         sizeof buf - 1);
-  if (n <= 0) return true;
-  buf[n] = '\0';
-  return std::strtoull(buf, nullptr, 10) < epoch;
+  return ReadEpochStamp(inode->path_fd.get()).value_or(0) < epoch;
 }
 
 void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
@@ -1002,7 +991,7 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
   if (file->role == FileRole::kMain) {
     // Deleting the main file deletes the tenant: its sidecars go with it.
     FenceJob forget;
-    for (std::string_view suffix : {"-wal", "-shm", "-journal"}) {
+    for (std::string_view suffix : kSidecarSuffixes) {
       std::string sidecar = std::string(name) + std::string(suffix);
       if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) forget.entries.emplace_back(parent, sidecar);
     }
@@ -1116,11 +1105,9 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     spdlog::info("vfs: created tenant {}/{} (slot {}, epoch {}) for uid {}", BucketName(bucket),
                  name, file->slot, served->token.epoch, fuse_req_ctx(req)->uid);
     // The stamp: the epoch this file was made under, and whose file it is.
-    std::string epoch = std::to_string(served->token.epoch);
-    if (::fsetxattr(fd.get(), kEpochXattr.data(), epoch.data(), epoch.size(), 0) != 0 ||
-        ::fsetxattr(fd.get(), kKeyXattr.data(), file->key.data(), file->key.size(), 0) != 0) {
-      spdlog::warn("vfs: could not stamp {}/{} with its epoch: {}", BucketName(bucket), name,
-                   std::strerror(errno));
+    if (Status stamped = WriteStamps(fd.get(), served->token.epoch, file->key, file->main_path);
+        !stamped.ok()) {
+      spdlog::warn("vfs: {}", stamped.message());
     }
   }
   UniqueFd path_fd(::openat(bfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));

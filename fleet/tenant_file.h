@@ -1,0 +1,44 @@
+// The on-disk facts of a tenant's files that more than one part relies on,
+// each in one place: the epoch stamp and identity kept as extended attributes
+// of the main file (outside the tenant's schema), the sidecar names that go
+// with a main file, and how a bucket directory is made.
+//
+// Thread-safety: pure functions over descriptors; safe from any thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "fleet/status.h"
+#include "fleet/unique_fd.h"
+
+namespace fleetfs {
+
+// The newest epoch a main file was opened under, and the key it belongs to.
+inline constexpr std::string_view kEpochStampXattr = "user.fleetfs.epoch";
+inline constexpr std::string_view kKeyStampXattr = "user.fleetfs.key";
+
+// The sidecars that belong to a main file and go when it goes (super-journals
+// are named by SQLite with a random suffix and removed by SQLite itself).
+inline constexpr std::array<std::string_view, 3> kSidecarSuffixes = {"-wal", "-shm", "-journal"};
+
+// The epoch stamp of the file open as `fd` (any descriptor, O_PATH included),
+// or nullopt when it has none or the attribute is not a decimal number.
+std::optional<std::uint64_t> ReadEpochStamp(int fd);
+// The key stamp, or nullopt when it has none.
+std::optional<std::string> ReadKeyStamp(int fd);
+// Writes both stamps; an errno-derived Status names `what` on failure.
+Status WriteStamps(int fd, std::uint64_t epoch, std::string_view key, std::string_view what);
+
+// Opens bucket directory `bucket` under the backing root `root_fd`, making it
+// first when it is not there. A new bucket gets the root's owner, group and
+// mode exactly (the process umask does not apply), so whoever may create in
+// the root may create -wal and -journal files in every bucket. A bucket name
+// that is not a directory (a symlink, a file) is refused with ENOTDIR.
+// Returns the descriptor (O_RDONLY|O_DIRECTORY) or an errno Status.
+Result<UniqueFd> OpenOrMakeBucket(int root_fd, int bucket);
+
+}  // namespace fleetfs

@@ -1,82 +1,71 @@
 #include "agent/admin_server.h"
 
-#include <http_parser.h>
-
-#include <cstring>
+#include <algorithm>
 
 namespace fleetfs::agent {
 
-constexpr std::size_t kMaxRequestBytes = 16 * 1024;
-constexpr std::size_t kMaxConnections = 64;
+namespace {
+
+// How often connections past their time are looked for; a connection lives
+// at most this much longer than its limit.
+constexpr std::uint64_t kSweepMs = 250;
+constexpr int kListenBacklog = 64;
+
+}  // namespace
 
 struct AdminServer::Connection {
-  AdminServer* server = nullptr;
+  enum class Phase { kReading, kWriting, kLingering };
+
+  AdminServer* server = nullptr;  // nullptr once dropped (the close is under way)
   uv_tcp_t tcp{};
-  http_parser parser{};
-  std::string url;
-  std::size_t received = 0;
-  bool complete = false;
-  bool answered = false;
+  HttpRequestParser parser;
+  Phase phase = Phase::kReading;
+  bool peer_ended = false;        // the client half-closed its side
+  std::uint64_t sequence = 0;     // accept order
+  std::uint64_t deadline_ms = 0;  // in uv_now time: closed when it passes
   std::string response;
   uv_write_t write{};
+  uv_shutdown_t shutdown{};
+  // A request head is at most 8 KiB: reads need no more than this, and no
+  // allocation per read.
+  char buf[4096];
 };
 
 namespace {
 
-const char* Reason(int status) {
-  switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Payload Too Large";
-    case 503: return "Service Unavailable";
-    default: return "Error";
-  }
-}
-
-std::string Render(const HttpResponse& r, bool head) {
-  return "HTTP/1.1 " + std::to_string(r.status) + " " + Reason(r.status) +
-         "\r\nContent-Type: " + r.content_type +
-         "\r\nContent-Length: " + std::to_string(r.body.size()) +
-         "\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n" + (head ? "" : r.body);
-}
-
-const http_parser_settings& Settings() {
-  static const http_parser_settings settings = [] {
-    http_parser_settings s{};
-    s.on_url = [](http_parser* p, const char* at, size_t length) {
-      static_cast<AdminServer::Connection*>(p->data)->url.append(at, length);
-      return 0;
-    };
-    s.on_message_complete = [](http_parser* p) {
-      static_cast<AdminServer::Connection*>(p->data)->complete = true;
-      return 0;
-    };
-    return s;
-  }();
-  return settings;
+void ReadInto(uv_handle_t* h, size_t, uv_buf_t* buf) {
+  auto* c = static_cast<AdminServer::Connection*>(h->data);
+  *buf = uv_buf_init(c->buf, sizeof(c->buf));
 }
 
 }  // namespace
 
 Result<std::unique_ptr<AdminServer>> AdminServer::Start(uv_loop_t* loop, const Endpoint& endpoint,
-                                                        Handler handler) {
-  std::unique_ptr<AdminServer> server(new AdminServer(loop, std::move(handler)));
+                                                        Handler handler, AdminLimits limits) {
+  std::unique_ptr<AdminServer> server(new AdminServer(loop, std::move(handler), limits));
   auto* tcp = new uv_tcp_t;
   uv_tcp_init(loop, tcp);
   tcp->data = server.get();
   server->listener_ = tcp;
+  auto* sweep = new uv_timer_t;
+  uv_timer_init(loop, sweep);
+  sweep->data = server.get();
+  server->sweep_ = sweep;
   sockaddr_in addr{};
   int rc = uv_ip4_addr(endpoint.host.c_str(), endpoint.port, &addr);
   if (rc == 0) rc = uv_tcp_bind(tcp, reinterpret_cast<const sockaddr*>(&addr), 0);
-  if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(tcp), 64, OnConnection);
+  if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(tcp), kListenBacklog, OnConnection);
   if (rc != 0) {
     server->Close();
     return Status(Code::kUnavailable, "admin: cannot listen on " + endpoint.ToString() + ": " +
                                           uv_strerror(rc) +
                                           " (another agent there? choose another with --admin)");
   }
+  uv_timer_start(
+      sweep, [](uv_timer_t* t) { static_cast<AdminServer*>(t->data)->Sweep(); }, kSweepMs,
+      kSweepMs);
+  // The sweep alone must not keep the loop running.
+  uv_unref(reinterpret_cast<uv_handle_t*>(sweep));
   return server;
 }
 
@@ -88,14 +77,31 @@ void AdminServer::Close() {
              [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
     listener_ = nullptr;
   }
+  if (sweep_ != nullptr) {
+    uv_close(reinterpret_cast<uv_handle_t*>(sweep_),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    sweep_ = nullptr;
+  }
   for (Connection* c : std::unordered_set<Connection*>(connections_)) Drop(c);
 }
 
 void AdminServer::Drop(Connection* c) {
   if (connections_.erase(c) == 0) return;
   c->server = nullptr;
+  // Pending write and shutdown callbacks run (cancelled) before the close
+  // callback frees the connection.
   uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp),
            [](uv_handle_t* h) { delete static_cast<Connection*>(h->data); });
+}
+
+void AdminServer::Sweep() {
+  std::uint64_t now = uv_now(loop_);
+  for (Connection* c : std::unordered_set<Connection*>(connections_)) {
+    if (now >= c->deadline_ms) {
+      ++stats_.timed_out;
+      Drop(c);
+    }
+  }
 }
 
 void AdminServer::OnConnection(uv_stream_t* listener, int status) {
@@ -106,57 +112,106 @@ void AdminServer::OnConnection(uv_stream_t* listener, int status) {
   uv_tcp_init(server->loop_, &c->tcp);
   c->tcp.data = c;
   server->connections_.insert(c);
-  // Clients that connect and never finish a request must not pile up.
-  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0 ||
-      server->connections_.size() > kMaxConnections) {
+  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
     server->Drop(c);
     return;
   }
-  http_parser_init(&c->parser, HTTP_REQUEST);
-  c->parser.data = c;
-  uv_read_start(
-      reinterpret_cast<uv_stream_t*>(&c->tcp),
-      [](uv_handle_t*, size_t suggested, uv_buf_t* buf) {
-        buf->base = new char[suggested];
-        buf->len = suggested;
-      },
-      [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
-        std::unique_ptr<char[]> owned(buf->base);
-        auto* c = static_cast<Connection*>(stream->data);
+  server->Admit(c);
+}
+
+void AdminServer::Admit(Connection* c) {
+  ++stats_.accepted;
+  c->sequence = next_sequence_++;
+  c->deadline_ms = uv_now(loop_) + static_cast<std::uint64_t>(limits_.request_time.count());
+  if (connections_.size() > limits_.max_connections) {
+    // At the cap the oldest connection not being answered makes room: a
+    // client that holds connections open only ever delays its own.
+    Connection* oldest = nullptr;
+    for (Connection* other : connections_) {
+      if (other == c || other->phase == Connection::Phase::kWriting) continue;
+      if (oldest == nullptr || other->sequence < oldest->sequence) oldest = other;
+    }
+    ++stats_.evicted;
+    Drop(oldest != nullptr ? oldest : c);
+    if (oldest == nullptr) return;
+  }
+  uv_read_start(reinterpret_cast<uv_stream_t*>(&c->tcp), ReadInto, OnRead);
+}
+
+void AdminServer::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+  auto* c = static_cast<Connection*>(stream->data);
+  AdminServer* server = c->server;
+  if (server == nullptr || nread == 0) return;
+  if (c->phase == Connection::Phase::kLingering) {
+    // The answer is sent: drop what the client still sends until it ends.
+    if (nread < 0) server->Drop(c);
+    return;
+  }
+  if (c->phase != Connection::Phase::kReading) return;
+  HttpRequestParser::Progress progress;
+  if (nread == UV_EOF) {
+    c->peer_ended = true;
+    if (c->parser.consumed() == 0) {  // connected and left without a word
+      server->Drop(c);
+      return;
+    }
+    progress = c->parser.Finish();
+  } else if (nread < 0) {
+    server->Drop(c);
+    return;
+  } else {
+    progress = c->parser.Feed(std::string_view(buf->base, static_cast<std::size_t>(nread)));
+  }
+  switch (progress) {
+    case HttpRequestParser::Progress::kNeedMore:
+      return;
+    case HttpRequestParser::Progress::kError:
+      ++server->stats_.refused;
+      server->Answer(c, c->parser.error(), false);
+      return;
+    case HttpRequestParser::Progress::kRequest: {
+      const HttpRequest& request = c->parser.request();
+      server->Answer(c, server->handler_(request.method, request.path), request.method == "HEAD");
+      return;
+    }
+  }
+}
+
+void AdminServer::Answer(Connection* c, const HttpResponse& response, bool head) {
+  auto* stream = reinterpret_cast<uv_stream_t*>(&c->tcp);
+  uv_read_stop(stream);
+  c->phase = Connection::Phase::kWriting;
+  c->deadline_ms = uv_now(loop_) + static_cast<std::uint64_t>(limits_.write_time.count());
+  c->response = RenderResponse(response, head);
+  uv_buf_t out = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
+  c->write.data = c;
+  if (uv_write(&c->write, stream, &out, 1, [](uv_write_t* req, int status) {
+        auto* c = static_cast<Connection*>(req->data);
+        if (c->server != nullptr && status < 0) c->server->Drop(c);
+      }) != 0) {
+    Drop(c);
+    return;
+  }
+  // After the answer, end our side, then read until the client ends its own:
+  // closing with unread bytes would reset the connection, and the client
+  // could lose the answer it was sent.
+  c->shutdown.data = c;
+  if (uv_shutdown(&c->shutdown, stream, [](uv_shutdown_t* req, int status) {
+        auto* c = static_cast<Connection*>(req->data);
         AdminServer* server = c->server;
-        if (server == nullptr || c->answered) return;
-        if (nread < 0) {
+        if (server == nullptr) return;
+        if (status < 0 || c->peer_ended) {
           server->Drop(c);
           return;
         }
-        HttpResponse response;
-        c->received += static_cast<std::size_t>(nread);
-        std::size_t parsed = http_parser_execute(&c->parser, &Settings(), buf->base,
-                                                 static_cast<std::size_t>(nread));
-        if (c->parser.http_errno != HPE_OK || parsed != static_cast<std::size_t>(nread)) {
-          response = {400, "text/plain; charset=utf-8",
-                      std::string("bad request: ") +
-                          http_errno_description(static_cast<http_errno>(c->parser.http_errno)) +
-                          "\n"};
-        } else if (c->received > kMaxRequestBytes) {
-          response = {413, "text/plain; charset=utf-8", "request too large\n"};
-        } else if (!c->complete) {
-          return;  // wait for the rest
-        } else {
-          std::string path = c->url.substr(0, c->url.find('?'));
-          response = server->handler_(http_method_str(static_cast<http_method>(c->parser.method)),
-                                      path);
-        }
-        c->answered = true;
-        c->response = Render(response, c->complete && c->parser.method == HTTP_HEAD);
-        uv_read_stop(stream);
-        uv_buf_t out = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
-        c->write.data = c;
-        uv_write(&c->write, stream, &out, 1, [](uv_write_t* req, int) {
-          auto* c = static_cast<Connection*>(req->data);
-          if (c->server != nullptr) c->server->Drop(c);
-        });
-      });
+        c->phase = Connection::Phase::kLingering;
+        c->deadline_ms =
+            uv_now(server->loop_) + static_cast<std::uint64_t>(server->limits_.linger_time.count());
+        auto* stream = reinterpret_cast<uv_stream_t*>(&c->tcp);
+        uv_read_start(stream, ReadInto, OnRead);
+      }) != 0) {
+    Drop(c);
+  }
 }
 
 }  // namespace fleetfs::agent

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <unistd.h>
 
 #include <filesystem>
@@ -80,6 +82,22 @@ TEST(Segment, round_trips_and_a_flipped_byte_is_a_checksum_mismatch) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kDataLoss);
   EXPECT_EQ(bad.status().message(), "checksum mismatch");
+}
+
+// Found by the replica_object fuzz target: the checksum covers the stored
+// bytes, so a forger can declare any size in the header.
+TEST(Segment, a_forged_size_is_refused_before_memory_is_reserved_for_it) {
+  std::vector<Txn> txns = {Txn{10, 4096, {PageWrite{0, std::string(4096, 'a')}}}};
+  const std::string good = EncodeSegment(txns);
+  for (std::uint64_t forged : {std::uint64_t{1} << 62, std::uint64_t{4097 + 20 + 12}}) {
+    std::string bytes = good;
+    std::memcpy(bytes.data() + 32, &forged, sizeof forged);
+    auto bad = DecodeSegment(bytes);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), Code::kDataLoss);
+    EXPECT_NE(bad.status().message().find("declares " + std::to_string(forged)), std::string::npos)
+        << bad.status().message();
+  }
 }
 
 TEST(Names, generations_order_by_epoch_then_index) {

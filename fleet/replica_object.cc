@@ -121,6 +121,17 @@ Result<std::vector<Txn>> DecodeSegment(std::string_view bytes) {
                     std::to_string(stored_len) + " bytes");
   }
   if (XXH64(stored.data(), stored.size(), 0) != hash) return DataLoss("checksum mismatch");
+  // A checksum proves only that the bytes are as written, not by whom: the
+  // declared size is checked against the bound and the zstd frame before a
+  // byte of memory is reserved for it.
+  if (raw_len > kMaxSegmentRawBytes) {
+    return DataLoss("declares " + std::to_string(raw_len) + " bytes of transactions, above the " +
+                    std::to_string(kMaxSegmentRawBytes) + " a segment may hold");
+  }
+  if (ZSTD_getFrameContentSize(stored.data(), stored.size()) != raw_len) {
+    return DataLoss("declares " + std::to_string(raw_len) +
+                    " bytes of transactions, but its compressed frame says otherwise");
+  }
   std::string raw(raw_len, '\0');
   std::size_t n = ZSTD_decompress(raw.data(), raw.size(), stored.data(), stored.size());
   if (ZSTD_isError(n) || n != raw_len) {

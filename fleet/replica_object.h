@@ -66,6 +66,10 @@ struct ObjectSummary {
 
 // The fixed header size: read this many bytes to summarise any object.
 inline constexpr std::size_t kObjectHeaderBytes = 56;
+// The most transaction bytes one segment may declare. The shipper keeps at
+// most 256 MiB captured per tenant; anything declaring more was not written
+// by it, and is refused before memory is reserved for it.
+inline constexpr std::uint64_t kMaxSegmentRawBytes = 1ull << 30;
 
 Result<ObjectSummary> Summarize(std::string_view header);
 

@@ -337,6 +337,7 @@ TEST_F(ReplicatorTest, a_restore_that_waited_past_its_epoch_publishes_nothing) {
   ASSERT_EQ(::stat(Backing(k).c_str(), &after), 0) << "the local file was removed after the lapse";
   EXPECT_EQ(after.st_ino, before.st_ino) << "a restore was published after the lapse";
   EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'L')) << "the local file was replaced";
+  rep_->Stop();  // before the hook's locals go
 }
 
 TEST_F(ReplicatorTest, a_restore_published_as_its_epoch_ends_answers_the_lookup_with_an_error) {

@@ -15,6 +15,8 @@ from harness import MountTest, slots, tenants_in, wait_for
 TTL_S = 3
 SYNC_S = 0.2
 NOBODY = 65534
+# The large tenant of the snapshot test: its copy must outlast a lease.
+BIG_BYTES = 6 << 30
 
 
 def as_user(uid, code, *args):
@@ -194,6 +196,55 @@ class ReplicationFaults(MountTest):
         for mode in ("wal", "delete"):
             r = as_user(NOBODY, WRITE_AS_NOBODY, path, mode)
             self.assertEqual(r.returncode, 0, f"{mode} as nobody in a fresh bucket: {r.stderr}")
+
+    # Item 11: a scrape during the snapshot of a large tenant does not stall
+    # the agent's loop; its ranges keep being renewed.
+    def test_scrapes_during_a_large_snapshot_leave_the_lease_renewed(self):
+        tenant = tenants_in(0, 16383, 1, prefix="big")[0]
+        rel = slots(tenant)[tenant]["tenant_path"]
+        a = self.ragent("a")
+        # Written straight to the backing directory before the agent starts:
+        # incompressible, and out of the page cache, so the snapshot's copy
+        # reads the disk for seconds.
+        os.makedirs(os.path.join(a.backing, rel.split("/")[0]))
+        chunk = os.urandom(64 << 20)  # repeats beyond the compressor's window
+        with open(os.path.join(a.backing, rel), "wb") as f:
+            for _ in range(BIG_BYTES // len(chunk)):
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        a.start()
+        a.wait_states("serving")
+        epoch = a.status()["ranges"][0]["epoch"]
+        # A write in no journal mode: the next shipment is a snapshot.
+        with open(os.path.join(a.mount, rel), "r+b") as f:
+            f.seek(100)
+            f.write(b"x")
+        scrapes, lease_left, slowest = 0, [], 0.0
+        deadline = time.monotonic() + 90
+        while "ships generation" not in a.log():
+            self.assertLess(time.monotonic(), deadline, "the snapshot never shipped\n" +
+                            a.log_tail())
+            started = time.monotonic()
+            code, _ = a.http("/metrics")  # a 5 s limit: a stalled loop fails it
+            slowest = max(slowest, time.monotonic() - started)
+            self.assertEqual(code, 200)
+            scrapes += 1
+            ranges = a.status()["ranges"]
+            self.assertEqual([r["state"] for r in ranges], ["serving"], a.log_tail())
+            lease_left.append((time.monotonic(), ranges[0]["lease_left_ms"]))
+        left = [ms for _, ms in lease_left]
+        span = lease_left[-1][0] - lease_left[0][0]
+        renewals = sum(1 for x, y in zip(left, left[1:]) if y > x)
+        print(f"\n{scrapes} scrapes over {span:.1f}s of snapshot; slowest {slowest:.2f}s; "
+              f"lease left {min(left)}..{max(left)} ms; {renewals} renewals seen", flush=True)
+        self.assertGreater(span, TTL_S, "the snapshot was too quick to test anything")
+        self.assertEqual(a.status()["ranges"][0]["epoch"], epoch, "the range lapsed meanwhile")
+        self.assertNotIn("stopped serving", a.log())
+        # Renewed throughout: a lease not renewed for the span would have ended.
+        self.assertGreater(min(left), 0, a.log_tail())
+        self.assertGreaterEqual(renewals, int(span / TTL_S), a.log_tail())
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <list>
 #include <map>
 #include <thread>
 #include <unordered_map>
@@ -57,13 +58,92 @@ std::uint32_t DbPageSize(int fd) {
   return v;
 }
 
+// Keys the replica was found not to hold, each with the epoch it was listed
+// at: a repeated lookup of an absent name needs no job and no listing. At one
+// epoch only this host writes a key's replica, so an entry stays true for its
+// epoch unless this host makes the key (a create through the mount forgets
+// it); an entry of another epoch never answers. Bounded: the least recently
+// used key goes first.
+//
+// Thread-safety: one mutex, held only while the map is read or changed.
+class AbsentKeys {
+ public:
+  explicit AbsentKeys(std::size_t cap) : cap_(std::max<std::size_t>(1, cap)) {}
+
+  bool Contains(const std::string& key, std::uint64_t epoch) {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    if (it->second.epoch != epoch) {
+      order_.erase(it->second.at);
+      map_.erase(it);
+      return false;
+    }
+    order_.splice(order_.begin(), order_, it->second.at);
+    return true;
+  }
+
+  void Remember(const std::string& key, std::uint64_t epoch) {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      it->second.epoch = epoch;
+      order_.splice(order_.begin(), order_, it->second.at);
+      return;
+    }
+    order_.push_front(key);
+    map_.emplace(key, Entry{epoch, order_.begin()});
+    if (map_.size() > cap_) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+
+  void Forget(const std::string& key) {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return;
+    order_.erase(it->second.at);
+    map_.erase(it);
+  }
+
+ private:
+  struct Entry {
+    std::uint64_t epoch = 0;
+    std::list<std::string>::iterator at;
+  };
+  const std::size_t cap_;
+  std::mutex mu_;  // guards the two below; taken alone
+  std::list<std::string> order_;  // most recently used first
+  std::unordered_map<std::string, Entry> map_;
+};
+
+// The counters operators read, each on its own: Stats() reads them without
+// a lock.
+struct Counters {
+  std::atomic<std::uint64_t> txns_shipped{0};
+  std::atomic<std::uint64_t> bytes_shipped{0};
+  std::atomic<std::uint64_t> snapshots{0};
+  std::atomic<std::uint64_t> segments{0};
+  std::atomic<std::uint64_t> upload_failures{0};
+  std::atomic<std::uint64_t> restores{0};
+  std::atomic<std::uint64_t> restore_failures{0};
+  std::atomic<std::uint64_t> stale_replaced{0};
+  std::atomic<std::uint64_t> tombstones{0};
+  std::atomic<std::uint64_t> newer_epochs{0};
+  std::atomic<std::uint64_t> warm_queued{0};
+  std::atomic<std::uint64_t> capture_failures{0};
+  std::atomic<std::uint64_t> absent_listed{0};
+};
+
 }  // namespace
 
 class Tenant;
 
 class Replicator::Impl {
  public:
-  explicit Impl(ReplicatorOptions options) : o_(std::move(options)) {}
+  explicit Impl(ReplicatorOptions options)
+      : o_(std::move(options)), absent_(o_.absent_keys) {}
   ~Impl() { Stop(); }
 
   Status Start();
@@ -80,6 +160,7 @@ class Replicator::Impl {
   // Used by Tenant.
   int root() const { return root_.get(); }
   WallMs NowMs() const { return o_.wall->NowMs(); }
+  void CountCaptureFailure() { ++counters_.capture_failures; }
 
  private:
   struct Flight {
@@ -109,6 +190,9 @@ class Replicator::Impl {
   void PrepareLoop();
   int RunPrepare(const Flight& f);
   int RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace);
+  // True while this host serves `main`'s slot at `epoch` (always, when the
+  // agent wired no serving_epoch).
+  bool StillServed(const FleetFile& main, std::uint64_t epoch) const;
   void ResetTenant(const FleetFile& main);
   void RecordFailure(const Status& st);
   void RecordSuccess();
@@ -117,7 +201,9 @@ class Replicator::Impl {
   ReplicatorOptions o_;
   UniqueFd root_;
 
-  mutable std::mutex tenants_mu_;  // guards the three below; taken before any Tenant's locks
+  // Guards the three below. Held only while they are read or changed: never
+  // across I/O or while taking a Tenant's lock, so Stats() may take it.
+  mutable std::mutex tenants_mu_;
   std::unordered_map<std::string, std::shared_ptr<Tenant>> tenants_;  // key: main path
   std::unordered_map<std::string, std::uint64_t> deleted_;  // main path -> epoch of the delete
   std::vector<Tombstone> tombstones_;                       // not yet at the destination
@@ -138,8 +224,12 @@ class Replicator::Impl {
   std::mutex warm_mu_;  // guards warm_threads_; taken alone
   std::vector<std::thread> warm_threads_;
 
-  mutable std::mutex stats_mu_;  // guards stats_ and the lag ring; taken alone
-  ReplicationStats stats_;
+  AbsentKeys absent_;
+  Counters counters_;
+  // Guards failing_ and the lag ring; taken alone, held only to copy them
+  // (never across I/O, logging included).
+  mutable std::mutex stats_mu_;
+  std::string failing_;  // the last upload error while uploads fail
   std::vector<double> lags_;
   std::size_t lag_next_ = 0;
 };
@@ -199,6 +289,7 @@ class Tenant final : public TenantWatch {
           CaptureWal();
           lock.lock();
           commit_seen_.clear();  // what is left belongs to no commit
+          PublishLocked();
           if (size >= wal::kHeaderSize) wal_page_size_ = Be32(data + 8);
           return WriteGuard(&gate_, std::move(capture));
         }
@@ -207,6 +298,7 @@ class Tenant final : public TenantWatch {
             (off - wal::kHeaderSize) % (wal::kFrameHeaderSize + wal_page_size_) == 0 &&
             Be32(data + 4) != 0) {
           commit_seen_.emplace(off, r_.NowMs());  // the commit time, for point-in-time
+          PublishLocked();
         }
         return WriteGuard(&gate_, {});
       case FileRole::kJournal:
@@ -229,6 +321,7 @@ class Tenant final : public TenantWatch {
       if (size == 0) {
         cursor_ = {};
         commit_seen_.clear();
+        PublishLocked();
       }
       return WriteGuard(&gate_, std::move(capture));
     }
@@ -247,6 +340,7 @@ class Tenant final : public TenantWatch {
       std::lock_guard lock(mu_);
       cursor_ = {};
       commit_seen_.clear();
+      PublishLocked();
       wal_exists_ = false;
       wal_page_size_ = 0;
       return WriteGuard(&gate_, std::move(capture));
@@ -267,7 +361,30 @@ class Tenant final : public TenantWatch {
       UniqueFd fd(::openat(r_.root(), marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
       if (!fd.valid()) spdlog::warn("replica: cannot mark {} unshipped: {}", main_.main_path, std::strerror(errno));
       marker_present_ = true;
+      unshipped_.store(true);
     }
+  }
+
+  // Publishes the numbers Stats() and LagSeconds() read without mu_: called
+  // after every change of captured_ or commit_seen_, with mu_ held.
+  void PublishLocked() {
+    WallMs o = 0;
+    if (!captured_.empty()) o = captured_.front().commit_ms;
+    if (!commit_seen_.empty() && (o == 0 || commit_seen_.begin()->second < o)) {
+      o = commit_seen_.begin()->second;
+    }
+    oldest_pending_ms_.store(o);
+  }
+
+  // A capture could not read what it had to (no descriptor, an I/O error):
+  // what it missed would be a hole in the replica, so the next shipment
+  // starts a new generation with a snapshot. Called with mu_ held.
+  void CaptureFailedLocked(std::string_view what, const std::string& why) {
+    spdlog::error("replica: capturing the {} of {} failed: {}; its next shipment starts a new "
+                  "generation with a snapshot",
+                  what, main_.main_path, why);
+    need_generation_ = true;
+    r_.CountCaptureFailure();
   }
 
   void RemoveMarkerLocked() {
@@ -275,6 +392,7 @@ class Tenant final : public TenantWatch {
     std::string marker = std::string(kMarkerDir) + "/" + MarkerName(main_);
     ::unlinkat(r_.root(), marker.c_str(), 0);
     marker_present_ = false;
+    unshipped_.store(false);
   }
 
   void LearnWalPageSize() {
@@ -296,6 +414,7 @@ class Tenant final : public TenantWatch {
       captured_bytes_ = 0;
       need_generation_ = true;
     }
+    PublishLocked();
   }
 
   // Reads the commits the log holds after the cursor. Called with
@@ -303,10 +422,17 @@ class Tenant final : public TenantWatch {
   // writes that only note a commit time.
   void CaptureWal() {
     UniqueFd fd(::openat(r_.root(), (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) return;
+    if (!fd.valid()) {
+      if (errno == ENOENT) return;  // no log: nothing to capture
+      const int err = errno;
+      std::lock_guard lock(mu_);
+      CaptureFailedLocked("WAL", std::string("opening it: ") + std::strerror(err));
+      return;
+    }
     auto read = wal::ReadCommitted(fd.get(), cursor_);
     if (!read.ok()) {
-      spdlog::error("replica: reading the WAL of {}: {}", main_.main_path, read.status().message());
+      std::lock_guard lock(mu_);
+      CaptureFailedLocked("WAL", read.status().message());
       return;
     }
     std::lock_guard lock(mu_);
@@ -322,6 +448,7 @@ class Tenant final : public TenantWatch {
       commit_seen_.erase(commit_seen_.begin(), commit_seen_.upper_bound(c.commit_frame_offset));
       PushLocked(std::move(t));
     }
+    PublishLocked();
   }
 
   // The journal is finished: the main file's written ranges are the commit.
@@ -330,9 +457,14 @@ class Tenant final : public TenantWatch {
     journal_hot_ = false;
     cv_.notify_all();
     UniqueFd fd(::openat(r_.root(), main_.main_path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) return;
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return;
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
+      const int err = errno;
+      dirty_.clear();
+      CaptureFailedLocked("journaled commit", std::string("reading the main file: ") +
+                                                  std::strerror(err));
+      return;
+    }
     const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
     const std::uint64_t page = DbPageSize(fd.get());
     std::vector<std::uint64_t> pages;
@@ -350,8 +482,8 @@ class Tenant final : public TenantWatch {
       PageWrite w{p * page, std::string(std::min<std::uint64_t>(page, size - p * page), '\0')};
       if (::pread(fd.get(), w.data.data(), w.data.size(), static_cast<off_t>(w.offset)) !=
           static_cast<ssize_t>(w.data.size())) {
-        spdlog::error("replica: reading {} at commit: {}", main_.main_path, std::strerror(errno));
-        need_generation_ = true;
+        CaptureFailedLocked("journaled commit", std::string("reading the main file: ") +
+                                                    std::strerror(errno));
         return;
       }
       t.writes.push_back(std::move(w));
@@ -388,6 +520,10 @@ class Tenant final : public TenantWatch {
   bool marker_present_ = false;
   std::uint64_t writes_seen_ = 0;
   std::uint64_t writes_last_round_ = 0;  // writes_seen_ at the previous shipping round
+
+  // Published under mu_, read without it (by Stats and LagSeconds).
+  std::atomic<bool> unshipped_{false};            // marker_present_
+  std::atomic<WallMs> oldest_pending_ms_{0};      // oldest commit not yet shipped; 0: none
 };
 
 // ---- start and stop ----
@@ -418,6 +554,7 @@ Status Replicator::Impl::Start() {
       auto t = TenantFor(*file, true);
       std::lock_guard lock(t->mu_);
       t->marker_present_ = true;
+      t->unshipped_.store(true);
       ++found;
     }
     ::closedir(d);
@@ -469,13 +606,17 @@ void Replicator::Impl::Stop() {
 // ---- the hooks ----
 
 std::shared_ptr<Tenant> Replicator::Impl::TenantFor(const FleetFile& main, bool create) {
+  {
+    std::lock_guard lock(tenants_mu_);
+    auto it = tenants_.find(main.main_path);
+    if (it != tenants_.end()) return it->second;
+    if (!create) return nullptr;
+  }
+  // Made outside the lock: it reads the disk, and tenants_mu_ is never held
+  // across I/O. When two calls race, the first one in wins.
+  auto made = std::make_shared<Tenant>(*this, main);
   std::lock_guard lock(tenants_mu_);
-  auto it = tenants_.find(main.main_path);
-  if (it != tenants_.end()) return it->second;
-  if (!create) return nullptr;
-  auto t = std::make_shared<Tenant>(*this, main);
-  tenants_.emplace(main.main_path, t);
-  return t;
+  return tenants_.emplace(main.main_path, std::move(made)).first->second;
 }
 
 std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std::uint64_t epoch) {
@@ -485,6 +626,8 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
   }
   FleetFile main = file;
   main.role = FileRole::kMain;
+  // Made (or opened) here: no longer absent.
+  absent_.Forget(main.main_path);
   if (file.role == FileRole::kMain) {
     // The main file was opened or made again after a delete: the tenant
     // exists again, and its tombstone is superseded. (A sidecar opened by a
@@ -517,6 +660,7 @@ void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
     t->deleted_ = true;
     t->captured_.clear();
     t->captured_bytes_ = 0;
+    t->PublishLocked();
     t->RemoveMarkerLocked();
   }
   {
@@ -549,7 +693,7 @@ void Replicator::Impl::SyncAll() {
   bool failing;
   {
     std::lock_guard lock(stats_mu_);
-    failing = !stats_.failing.empty();
+    failing = !failing_.empty();
   }
   // While uploads fail, a probe tells when the destination takes writes
   // again, even if nothing waits to ship.
@@ -589,8 +733,7 @@ void Replicator::Impl::UploadTombstones() {
         if (st.ok()) {
           spdlog::info("replica: {} deleted at epoch {}: tombstone {}", tomb.main.main_path,
                        tomb.epoch, gen.Name());
-          std::lock_guard lock(stats_mu_);
-          ++stats_.tombstones;
+          ++counters_.tombstones;
         }
       }
     }
@@ -633,6 +776,7 @@ bool Replicator::Impl::Sync(Tenant& t) {
         // A commit frame whose chain never became valid, with no write for a
         // whole round: a writer that died mid-commit. It never commits.
         t.commit_seen_.clear();
+        t.PublishLocked();
       }
       t.writes_last_round_ = writes_at_scan;
       if (!t.journal_hot_ && t.commit_seen_.empty() && !t.need_generation_) {
@@ -659,10 +803,7 @@ bool Replicator::Impl::Sync(Tenant& t) {
     spdlog::error("replica: {} has epoch {} at {} (ours is {}): another host owns it now; stopping "
                   "its shipping and dropping its range",
                   t.main().main_path, newer, o_.destination->url(), epoch);
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.newer_epochs;
-    }
+    ++counters_.newer_epochs;
     if (o_.on_newer_epoch) o_.on_newer_epoch(t.main().slot, newer);
     return false;
   }
@@ -716,16 +857,17 @@ Status Replicator::Impl::UploadSegment(Tenant& t) {
       t.captured_bytes_ += it->Bytes();
       t.captured_.push_front(std::move(*it));
     }
+    t.PublishLocked();
     return st;
   }
   t.next_seq_ = seq + 1;
   t.commits_since_snapshot_ += txns.size();
+  t.PublishLocked();
   const WallMs now = NowMs();
   for (const Txn& x : txns) RecordLag(x.commit_ms, now);
-  std::lock_guard s(stats_mu_);
-  stats_.txns_shipped += txns.size();
-  stats_.bytes_shipped += bytes.size();
-  ++stats_.segments;
+  counters_.txns_shipped += txns.size();
+  counters_.bytes_shipped += bytes.size();
+  ++counters_.segments;
   return Status::Ok();
 }
 
@@ -760,6 +902,7 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
                              std::make_move_iterator(t.captured_.end()));
   t.captured_.clear();
   t.captured_bytes_ = 0;
+  t.PublishLocked();
   UniqueFd main(::openat(root_.get(), t.main().main_path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!main.valid()) {
     Status st = ErrnoStatus("opening " + t.main().main_path + " for a snapshot", errno);
@@ -773,10 +916,26 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
   std::map<std::uint32_t, std::string> overlay;
   std::uint32_t page = 0;
   UniqueFd walfd(::openat(root_.get(), (t.main().main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!walfd.valid() && errno != ENOENT) {
+    // Without the log's commits the copy would not be the committed state.
+    Status s = ErrnoStatus("opening the WAL of " + t.main().main_path + " for a snapshot", errno);
+    t.need_generation_ = true;
+    CountCaptureFailure();
+    done();
+    return s;
+  }
   if (walfd.valid()) {
     wal::WalCursor fresh;
     auto read = wal::ReadCommitted(walfd.get(), fresh);
-    if (read.ok() && !read->txns.empty()) {
+    if (!read.ok()) {
+      Status s = read.status().WithContext("reading the WAL of " + t.main().main_path +
+                                           " for a snapshot");
+      t.need_generation_ = true;
+      CountCaptureFailure();
+      done();
+      return s;
+    }
+    if (!read->txns.empty()) {
       for (auto& c : read->txns) {
         page = c.page_size;
         db_size = std::uint64_t{c.db_pages} * c.page_size;
@@ -848,11 +1007,9 @@ Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<Generation
     t.last_snapshot_ms_ = NowMs();
     t.commits_since_snapshot_ = 0;
   }
-  {
-    std::lock_guard lock(stats_mu_);
-    ++stats_.snapshots;
-    stats_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
-  }
+  ++counters_.snapshots;
+  counters_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
+  absent_.Forget(t.main().main_path);  // shipped: the replica holds it now
   Prune(t);
   return Status::Ok();
 }
@@ -890,10 +1047,7 @@ Status Replicator::Impl::PeriodicSnapshot(Tenant& t) {
   t.next_seq_ = seq + 1;
   t.last_snapshot_ms_ = NowMs();
   t.commits_since_snapshot_ = 0;
-  {
-    std::lock_guard s(stats_mu_);
-    ++stats_.snapshots;
-  }
+  ++counters_.snapshots;
   Prune(t);
   return Status::Ok();
 }
@@ -937,6 +1091,17 @@ bool Replicator::Impl::Flush(MonoTime deadline) {
 
 void Replicator::Impl::Prepare(const FleetFile& main, std::uint64_t epoch,
                                std::function<void(int)> done, bool warm) {
+  if (!warm && absent_.Contains(main.main_path, epoch)) {
+    // Known absent at this epoch, and still not here (a local check on the
+    // caller's thread): answered without a job, so repeated lookups of
+    // absent names never queue ahead of a real first open.
+    struct stat st;
+    if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+        errno == ENOENT) {
+      if (done) done(0);
+      return;
+    }
+  }
   std::unique_lock lock(prep_mu_);
   if (prep_stop_) {
     lock.unlock();
@@ -1009,6 +1174,21 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
   struct stat st;
   if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno != ENOENT) return errno;
+    // Missing here. One listing says whether the replica holds anything;
+    // nothing is made (no bucket, no file) unless it does.
+    if (!f.warm && absent_.Contains(main.main_path, f.epoch)) return 0;
+    ++counters_.absent_listed;
+    auto gens = ListGenerations(*o_.destination, KeyDir(main));
+    if (!gens.ok()) {
+      spdlog::error("replica: cannot tell whether the replica holds {}: {}", main.main_path,
+                    gens.status().message());
+      ++counters_.restore_failures;
+      return EIO;
+    }
+    if (gens->empty()) {
+      absent_.Remember(main.main_path, f.epoch);
+      return 0;
+    }
     return RestoreInPlace(main, f.epoch, /*replace=*/false);
   }
   if (!S_ISREG(st.st_mode)) return 0;  // the mount hides it
@@ -1032,10 +1212,7 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
                  "owner; replacing it from the replica before exposing it at epoch {}",
                  main.main_path, stamp, **newest, f.epoch);
     int err = RestoreInPlace(main, f.epoch, /*replace=*/true);
-    if (err == 0) {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.stale_replaced;
-    }
+    if (err == 0) ++counters_.stale_replaced;
     return err;
   }
   if (Status stamped = WriteStamps(file.get(), f.epoch, main.key, main.main_path); !stamped.ok()) {
@@ -1044,30 +1221,30 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
   return 0;
 }
 
+bool Replicator::Impl::StillServed(const FleetFile& main, std::uint64_t epoch) const {
+  return !o_.serving_epoch || o_.serving_epoch(main.slot) == epoch;
+}
+
+// The restore is built in an unnamed file in the spool directory, so nothing
+// is made in the bucket unless there is something to publish, and nothing is
+// left behind by a crash. It is published with a hard link (never over an
+// existing file), after a last check, immediately before, that its epoch is
+// still served: a restore may wait (for the download, for the tenant's
+// upload in ResetTenant) past the local lease end.
 int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace) {
   const int bucket = main.slot / kSlotsPerBucket;
-  if (auto made = OpenOrMakeBucket(root_.get(), bucket); !made.ok()) {
-    spdlog::error("replica: restoring {}: {}", main.main_path, made.status().message());
-    return EIO;
-  }
   const auto started = o_.mono->Now();
-  static std::atomic<std::uint64_t> counter{0};
-  const std::string name = main.main_path.substr(4);
-  // No fleet name starts with '.', so the mount never shows the staging file.
-  const std::string staging = BucketName(bucket) + "/." + name + ".restoring-" +
-                              std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  UniqueFd fd(::openat(root_.get(), staging.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  UniqueFd fd(::openat(root_.get(), std::string(kSpoolDir).c_str(), O_RDWR | O_TMPFILE | O_CLOEXEC,
+                       0600));
   if (!fd.valid()) {
-    spdlog::error("replica: cannot make the staging file {}: {}", staging, std::strerror(errno));
+    spdlog::error("replica: cannot make a restore file in {}/{}: {}", o_.backing,
+                  std::string(kSpoolDir), std::strerror(errno));
     return EIO;
   }
-  auto discard = [&] { ::unlinkat(root_.get(), staging.c_str(), 0); };
   auto outcome = RestoreTo(*o_.destination, KeyDir(main), std::nullopt, fd.get());
   if (!outcome.ok()) {
-    discard();
     spdlog::error("replica: restoring {}: {}", main.main_path, outcome.status().message());
-    std::lock_guard lock(stats_mu_);
-    ++stats_.restore_failures;
+    ++counters_.restore_failures;
     return EIO;
   }
   auto remove_set = [&](bool with_main) {
@@ -1076,12 +1253,21 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     }
     if (with_main) ::unlinkat(root_.get(), main.main_path.c_str(), 0);
   };
+  auto lapsed = [&] {
+    // The range lapsed (or moved to a new epoch) meanwhile: nothing is
+    // written for an epoch no longer served.
+    spdlog::warn("replica: {} restored, but epoch {} is no longer served; not published",
+                 main.main_path, epoch);
+    return ENOENT;
+  };
   if (outcome->result != RestoreResult::kRestored) {
-    discard();
-    if (replace && outcome->result == RestoreResult::kDeleted) {
+    if (!replace) {
+      absent_.Remember(main.main_path, epoch);  // nothing to restore at this epoch
+    } else if (outcome->result == RestoreResult::kDeleted) {
+      ResetTenant(main);
+      if (!StillServed(main, epoch)) return lapsed();
       spdlog::warn("replica: {} was deleted by epoch {}; removing the stale local copy",
                    main.main_path, outcome->generation.epoch);
-      ResetTenant(main);
       remove_set(true);
     }
     return 0;
@@ -1090,38 +1276,42 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
       ::fchown(fd.get(), outcome->owner.uid, outcome->owner.gid) != 0 ||
       ::fchmod(fd.get(), outcome->owner.mode != 0 ? outcome->owner.mode : 0644) != 0 ||
       ::fsync(fd.get()) != 0) {
-    int err = errno;
-    discard();
-    spdlog::error("replica: preparing the restored {}: {}", main.main_path, std::strerror(err));
+    spdlog::error("replica: preparing the restored {}: {}", main.main_path, std::strerror(errno));
     return EIO;
   }
-  if (o_.serving_epoch && o_.serving_epoch(main.slot) != epoch) {
-    // The range lapsed (or moved to a new epoch) while the copy was made:
-    // nothing is published for an epoch no longer served.
-    discard();
-    spdlog::warn("replica: {} restored, but epoch {} is no longer served; not published",
-                 main.main_path, epoch);
-    return ENOENT;
+  if (!StillServed(main, epoch)) return lapsed();  // no need to wait for the tenant
+  ResetTenant(main);  // may wait for an upload of the tenant in progress
+  auto dir = OpenOrMakeBucket(root_.get(), bucket);
+  if (!dir.ok()) {
+    spdlog::error("replica: restoring {}: {}", main.main_path, dir.status().message());
+    return EIO;
   }
-  ResetTenant(main);
+  // The last check, immediately before anything is changed in the bucket.
+  if (!StillServed(main, epoch)) return lapsed();
   // Stray sidecars would replay onto the restored file: they go first.
   remove_set(replace);
-  if (::linkat(root_.get(), staging.c_str(), root_.get(), main.main_path.c_str(), 0) != 0) {
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd.get());
+  const std::string name = main.main_path.substr(4);
+  if (::linkat(AT_FDCWD, proc.c_str(), dir->get(), name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
     int err = errno;
-    discard();
     if (err == EEXIST) return 0;  // made meanwhile: that file wins
     spdlog::error("replica: publishing the restored {}: {}", main.main_path, std::strerror(err));
     return EIO;
   }
-  discard();
-  UniqueFd dir(::openat(root_.get(), BucketName(bucket).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.valid()) ::fsync(dir.get());
+  ::fsync(dir->get());
+  if (!StillServed(main, epoch)) {
+    // The lease ended during the link: the file stays (the mount hides an
+    // unserved slot), but the lookup waiting for it is not told it is there.
+    spdlog::warn("replica: {} was published as epoch {} stopped being served; the lookup gets "
+                 "an error",
+                 main.main_path, epoch);
+    return ENOENT;
+  }
   auto ms = std::chrono::duration_cast<Millis>(o_.mono->Now() - started).count();
   spdlog::info("replica: restored {} from generation {} ({} commits after its snapshot, {} bytes) "
                "in {} ms",
                main.main_path, outcome->generation.Name(), outcome->commits, outcome->bytes, ms);
-  std::lock_guard lock(stats_mu_);
-  ++stats_.restores;
+  ++counters_.restores;
   return 0;
 }
 
@@ -1167,24 +1357,31 @@ void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
       spdlog::info("replica: warming range {}-{} at epoch {}: {} tenants queued", first, last,
                    epoch, queued);
     }
-    std::lock_guard s(stats_mu_);
-    stats_.warm_queued += static_cast<std::uint64_t>(queued);
+    counters_.warm_queued += static_cast<std::uint64_t>(queued);
   });
 }
 
 // ---- what operators see ----
 
 void Replicator::Impl::RecordFailure(const Status& st) {
-  std::lock_guard lock(stats_mu_);
-  ++stats_.upload_failures;
-  if (stats_.failing != st.message()) spdlog::warn("replica: {}", st.message());
-  stats_.failing = st.message();
+  ++counters_.upload_failures;
+  bool changed;
+  {
+    std::lock_guard lock(stats_mu_);
+    changed = failing_ != st.message();
+    failing_ = st.message();
+  }
+  if (changed) spdlog::warn("replica: {}", st.message());  // outside the lock: logging is I/O
 }
 
 void Replicator::Impl::RecordSuccess() {
-  std::lock_guard lock(stats_mu_);
-  if (!stats_.failing.empty()) spdlog::info("replica: the destination takes uploads again");
-  stats_.failing.clear();
+  bool was_failing;
+  {
+    std::lock_guard lock(stats_mu_);
+    was_failing = !failing_.empty();
+    failing_.clear();
+  }
+  if (was_failing) spdlog::info("replica: the destination takes uploads again");
 }
 
 void Replicator::Impl::RecordLag(WallMs commit_ms, WallMs shipped_ms) {
@@ -1198,33 +1395,40 @@ void Replicator::Impl::RecordLag(WallMs commit_ms, WallMs shipped_ms) {
   }
 }
 
+// Called from the agent's loop: reads what each tenant published, and takes
+// tenants_mu_ only (never held across I/O), never a Tenant's lock.
 double Replicator::Impl::LagSeconds(Slot first, Slot last) const {
-  std::vector<std::shared_ptr<Tenant>> all;
+  WallMs oldest = 0;
   {
     std::lock_guard lock(tenants_mu_);
     for (auto& [k, t] : tenants_) {
-      if (t->main().slot >= first && t->main().slot <= last) all.push_back(t);
+      if (t->main().slot < first || t->main().slot > last) continue;
+      const WallMs o = t->oldest_pending_ms_.load();
+      if (o != 0 && (oldest == 0 || o < oldest)) oldest = o;
     }
-  }
-  WallMs oldest = 0;
-  for (auto& t : all) {
-    std::lock_guard lock(t->mu_);
-    WallMs o = 0;
-    if (!t->captured_.empty()) o = t->captured_.front().commit_ms;
-    if (!t->commit_seen_.empty() && (o == 0 || t->commit_seen_.begin()->second < o)) {
-      o = t->commit_seen_.begin()->second;
-    }
-    if (o != 0 && (oldest == 0 || o < oldest)) oldest = o;
   }
   return oldest == 0 ? 0.0 : std::max<WallMs>(0, NowMs() - oldest) / 1000.0;
 }
 
 ReplicationStats Replicator::Impl::Stats() const {
   ReplicationStats s;
+  s.txns_shipped = counters_.txns_shipped.load();
+  s.bytes_shipped = counters_.bytes_shipped.load();
+  s.snapshots = counters_.snapshots.load();
+  s.segments = counters_.segments.load();
+  s.upload_failures = counters_.upload_failures.load();
+  s.restores = counters_.restores.load();
+  s.restore_failures = counters_.restore_failures.load();
+  s.stale_replaced = counters_.stale_replaced.load();
+  s.tombstones = counters_.tombstones.load();
+  s.newer_epochs = counters_.newer_epochs.load();
+  s.warm_queued = counters_.warm_queued.load();
+  s.capture_failures = counters_.capture_failures.load();
+  s.absent_listed = counters_.absent_listed.load();
   std::vector<double> lags;
   {
     std::lock_guard lock(stats_mu_);
-    s = stats_;
+    s.failing = failing_;
     lags = lags_;
   }
   if (!lags.empty()) {
@@ -1235,8 +1439,7 @@ ReplicationStats Replicator::Impl::Stats() const {
   std::lock_guard lock(tenants_mu_);
   s.tenants = tenants_.size();
   for (auto& [k, t] : tenants_) {
-    std::lock_guard tl(t->mu_);
-    if (t->marker_present_) ++s.unshipped_tenants;
+    if (t->unshipped_.load()) ++s.unshipped_tenants;
   }
   return s;
 }

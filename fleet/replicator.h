@@ -21,16 +21,26 @@
 //
 // Prepare. Lookups of main files are prepared on worker threads, one flight
 // per key however many lookups wait; a warm-up after a claim restores a
-// range's tenants in the background a few at a time, behind lookups.
+// range's tenants in the background a few at a time, behind lookups. A key
+// missing here costs one listing of the replica and creates nothing unless
+// there is something to restore; its absence is remembered for the epoch (at
+// one epoch only this host writes the key's replica), so a repeated lookup
+// of an absent name is answered without a job. A restore is built in an
+// unnamed spool file and published only while its epoch is still served,
+// checked again immediately before the link that publishes it.
 //
 // A tenant with commits not yet shipped has a marker under
 // BACKING/.fleetfs/unshipped/, so an agent that restarts after a crash ships
 // them (in a new generation) even if nobody writes again.
 //
-// Thread-safety: every public method is safe from any thread.
+// Thread-safety: every public method is safe from any thread. Stats() and
+// LagSeconds() read counters and numbers each tenant publishes, under no lock
+// that I/O can hold, so the agent's loop may call them during a snapshot.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,7 +65,11 @@ struct ReplicatorOptions {
   Millis retention{72 * 3600 * 1000};
   int prepare_threads = 4;
   int warm_parallel = 2;
-  // The epoch this host serves `slot` at now, if it serves it.
+  // Keys remembered as absent from the replica (least recently used go first).
+  std::size_t absent_keys = 65536;
+  // The epoch this host serves `slot` at now, if it serves it; nullopt once
+  // the local lease has ended (the agent answers from its refresher, which
+  // reads the monotonic clock). Asked again right before a restore publishes.
   std::function<std::optional<std::uint64_t>(Slot)> serving_epoch;
   // The destination holds a newer epoch of a tenant in `slot`.
   std::function<void(Slot slot, std::uint64_t newer)> on_newer_epoch;
@@ -73,6 +87,8 @@ struct ReplicationStats {
   std::uint64_t tombstones = 0;
   std::uint64_t newer_epochs = 0;
   std::uint64_t warm_queued = 0;
+  std::uint64_t capture_failures = 0;  // captures that could not read; each forces a snapshot
+  std::uint64_t absent_listed = 0;     // lookups of keys missing here that listed the replica
   std::size_t tenants = 0;
   std::size_t unshipped_tenants = 0;
   std::string failing;  // the last upload error while uploads fail; empty when they work

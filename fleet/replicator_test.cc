@@ -1,0 +1,488 @@
+// The replicator driven in process: a file:// destination in a temporary
+// directory behind a wrapper that counts listings and can hold an upload,
+// the hooks called as the mount calls them, and a serving_epoch the test
+// flips. The real clocks are used only where nothing waits on them.
+#include "fleet/replicator.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "fleet/replica_catalog.h"
+#include "fleet/replica_object.h"
+#include "fleet/tenant_file.h"
+#include "fleet/unique_fd.h"
+
+namespace fleetfs::replica {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// A destination that forwards to another, counts listings per directory,
+// can hold every PutFile until released, and remembers the thread that last
+// streamed an object (a restore's thread).
+class ProbeDestination final : public Destination {
+ public:
+  explicit ProbeDestination(std::shared_ptr<Destination> inner) : inner_(std::move(inner)) {}
+
+  const std::string& url() const override { return inner_->url(); }
+  Result<std::vector<std::string>> List(std::string_view dir) override {
+    {
+      std::lock_guard lock(mu_);
+      ++lists_[std::string(dir)];
+    }
+    return inner_->List(dir);
+  }
+  Status Put(std::string_view path, std::string_view bytes) override {
+    return inner_->Put(path, bytes);
+  }
+  Status PutFile(std::string_view path, int fd) override {
+    {
+      std::unique_lock lock(mu_);
+      if (hold_puts_) {
+        ++puts_held_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !hold_puts_; });
+      }
+    }
+    return inner_->PutFile(path, fd);
+  }
+  Status Get(std::string_view path, const Sink& sink) override {
+    Status st = inner_->Get(path, sink);
+    std::lock_guard lock(mu_);
+    getter_ = std::this_thread::get_id();
+    return st;
+  }
+  Result<std::string> GetHead(std::string_view path, std::size_t n) override {
+    return inner_->GetHead(path, n);
+  }
+  Result<std::uint64_t> Size(std::string_view path) override { return inner_->Size(path); }
+  Status Remove(std::string_view path) override { return inner_->Remove(path); }
+  Status Probe() override { return inner_->Probe(); }
+
+  int lists(const std::string& dir) {
+    std::lock_guard lock(mu_);
+    return lists_[dir];
+  }
+  std::map<std::string, int> all_lists() {
+    std::lock_guard lock(mu_);
+    return lists_;
+  }
+  void HoldPuts(bool hold) {
+    std::lock_guard lock(mu_);
+    hold_puts_ = hold;
+    cv_.notify_all();
+  }
+  bool WaitPutHeld(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return puts_held_ > 0; });
+  }
+  bool IsGetter() {
+    std::lock_guard lock(mu_);
+    return getter_ == std::this_thread::get_id();
+  }
+
+ private:
+  std::shared_ptr<Destination> inner_;
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::map<std::string, int> lists_;
+  bool hold_puts_ = false;
+  int puts_held_ = 0;
+  std::thread::id getter_;
+};
+
+constexpr std::uint64_t kEpoch = 7;
+
+class ReplicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("fleetfs-repl-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "backing");
+    fs::create_directories(dir_ / "work");
+    inner_ = *OpenDestination("file://" + (dir_ / "replica").string());
+    dest_ = std::make_shared<ProbeDestination>(inner_);
+  }
+  void TearDown() override {
+    if (rep_) rep_->Stop();
+    rep_.reset();
+    fs::remove_all(dir_);
+  }
+
+  ReplicatorOptions Options() {
+    ReplicatorOptions o;
+    o.backing = (dir_ / "backing").string();
+    o.destination = dest_;
+    o.wall = &wall_;
+    o.mono = &mono_;
+    o.sync_interval = Millis(3600 * 1000);  // rounds only when a test flushes
+    o.serving_epoch = [this](Slot slot) -> std::optional<std::uint64_t> {
+      if (serving_hook_) {
+        if (auto answer = serving_hook_(slot)) {
+          return *answer == 0 ? std::nullopt : std::optional<std::uint64_t>(*answer);
+        }
+      }
+      std::uint64_t e = served_.load();
+      return e == 0 ? std::nullopt : std::optional<std::uint64_t>(e);
+    };
+    return o;
+  }
+  void Start(ReplicatorOptions o) {
+    auto r = Replicator::Start(std::move(o));
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    rep_ = std::move(*r);
+  }
+
+  static FleetFile Main(const std::string& tenant) {
+    return *ParseFleetPath(FleetMode::kTenant, TenantPath(tenant));
+  }
+  std::string Backing(const FleetFile& f) const { return (dir_ / "backing" / f.main_path).string(); }
+
+  // Prepare, waited for; returns the errno it answered.
+  int PrepareAndWait(const FleetFile& main, std::uint64_t epoch) {
+    auto answer = std::make_shared<std::promise<int>>();
+    auto result = answer->get_future();
+    rep_->Prepare(main, epoch, [answer](int err) { answer->set_value(err); });
+    EXPECT_EQ(result.wait_for(seconds(30)), std::future_status::ready);
+    return result.get();
+  }
+
+  // A generation of `key` at `epoch` whose snapshot holds `bytes`.
+  void PutGeneration(const FleetFile& main, std::uint64_t epoch, const std::string& bytes) {
+    std::string src = (dir_ / "work" / "src").string();
+    std::ofstream(src, std::ios::binary | std::ios::trunc) << bytes;
+    UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+    std::string out = (dir_ / "work" / "snap").string();
+    UniqueFd fd(::open(out.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ASSERT_TRUE(WriteSnapshot(in.get(), bytes.size(), wall_.NowMs(), SnapshotOwner{0, 0, 0644},
+                              nullptr, fd.get())
+                    .ok());
+    ASSERT_TRUE(inner_
+                    ->PutFile(ObjectPath(KeyDir(main), GenerationId{epoch, 1},
+                                         ObjectId{0, ObjectKind::kSnapshot}),
+                              fd.get())
+                    .ok());
+  }
+
+  // A local main file holding `bytes`, stamped with `epoch`.
+  void PutLocal(const FleetFile& main, const std::string& bytes, std::uint64_t epoch) {
+    fs::create_directories(fs::path(Backing(main)).parent_path());
+    std::ofstream(Backing(main), std::ios::binary | std::ios::trunc) << bytes;
+    UniqueFd fd(::open(Backing(main).c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(WriteStamps(fd.get(), epoch, main.key, main.main_path).ok());
+  }
+
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  // What the replica restores for `main` now.
+  Result<std::string> Restored(const FleetFile& main) {
+    std::string out = (dir_ / "work" / ("restored" + std::to_string(n_++))).string();
+    UniqueFd fd(::open(out.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    auto r = RestoreTo(*inner_, KeyDir(main), std::nullopt, fd.get());
+    if (!r.ok()) return r.status();
+    return out;
+  }
+
+  // Everything in the backing directory but the agent's own .fleetfs.
+  std::vector<std::string> BackingEntries() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(dir_ / "backing")) {
+      std::string rel = fs::relative(e.path(), dir_ / "backing").string();
+      if (rel.rfind(".fleetfs", 0) == 0) continue;
+      names.push_back(rel);
+    }
+    return names;
+  }
+
+  fs::path dir_;
+  SystemWallClock wall_;
+  SystemMonotonicClock mono_;
+  std::shared_ptr<Destination> inner_;
+  std::shared_ptr<ProbeDestination> dest_;
+  std::atomic<std::uint64_t> served_{kEpoch};
+  // Consulted first when set (before Start: the replicator's threads read
+  // it): a value answers, 0 for "not served".
+  std::function<std::optional<std::uint64_t>(Slot)> serving_hook_;
+  std::unique_ptr<Replicator> rep_;
+  int n_ = 0;
+};
+
+// ---- item 3: absent names ----
+
+TEST_F(ReplicatorTest, a_lookup_of_an_absent_key_lists_the_replica_once_and_makes_nothing) {
+  Start(Options());
+  std::vector<FleetFile> keys;
+  for (int i = 0; i < 200; ++i) keys.push_back(Main("absent-" + std::to_string(i * 7919)));
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& k : keys) EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  }
+  EXPECT_EQ(BackingEntries(), std::vector<std::string>{}) << "a bucket or file was made";
+  EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "spool"));
+  for (const auto& k : keys) EXPECT_EQ(dest_->lists(KeyDir(k)), 1) << k.main_path;
+  EXPECT_EQ(rep_->Stats().absent_listed, keys.size());
+}
+
+TEST_F(ReplicatorTest, an_absent_key_is_listed_again_at_another_epoch) {
+  Start(Options());
+  FleetFile k = Main("absent-epoch");
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  served_ = kEpoch + 1;
+  EXPECT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
+  EXPECT_EQ(dest_->lists(KeyDir(k)), 2);
+}
+
+TEST_F(ReplicatorTest, absent_keys_are_bounded_and_the_least_recently_used_goes_first) {
+  ReplicatorOptions o = Options();
+  o.absent_keys = 2;
+  Start(std::move(o));
+  FleetFile a = Main("lru-a"), b = Main("lru-b"), c = Main("lru-c");
+  for (const auto& k : {a, b, a, c}) EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  // a was used after b: b went when c came.
+  EXPECT_EQ(PrepareAndWait(a, kEpoch), 0);
+  EXPECT_EQ(PrepareAndWait(b, kEpoch), 0);
+  EXPECT_EQ(dest_->lists(KeyDir(a)), 1);
+  EXPECT_EQ(dest_->lists(KeyDir(b)), 2);
+  EXPECT_EQ(dest_->lists(KeyDir(c)), 1);
+}
+
+TEST_F(ReplicatorTest, a_key_made_and_shipped_here_is_not_hidden_by_its_remembered_absence) {
+  Start(Options());
+  FleetFile k = Main("made-here");
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);  // absent, remembered
+  // Created through the mount at the same epoch, written and shipped.
+  PutLocal(k, std::string(4096, 'M'), kEpoch);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  ASSERT_EQ(rep_->Stats().snapshots, 1u);
+  // Lost here (outside the mount): the lookup restores it.
+  fs::remove(Backing(k));
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(4096, 'M')) << "not restored";
+}
+
+TEST_F(ReplicatorTest, a_tenant_only_in_the_replica_is_restored_with_its_bucket) {
+  Start(Options());
+  FleetFile k = Main("only-in-replica");
+  PutGeneration(k, 3, std::string(8192, 'R'));
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R'));
+  UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+  EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch);
+  EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "spool"));
+  EXPECT_EQ(rep_->Stats().restores, 1u);
+}
+
+// ---- item 10: nothing is published after the epoch stops being served ----
+
+TEST_F(ReplicatorTest, a_restore_that_waited_past_its_epoch_publishes_nothing) {
+  // The first check the restore's thread makes after its download is told
+  // "served", and the test learns of it.
+  std::promise<void> checked;
+  std::atomic<bool> once{false};
+  serving_hook_ = [&](Slot) -> std::optional<std::uint64_t> {
+    if (dest_->IsGetter() && !once.exchange(true)) checked.set_value();
+    return std::nullopt;
+  };
+  Start([&] {
+    ReplicatorOptions o = Options();
+    o.sync_interval = Millis(20);
+    return o;
+  }());
+  FleetFile k = Main("late-publish");
+  PutLocal(k, std::string(8192, 'L'), 1);      // ours, from epoch 1
+  PutGeneration(k, 5, std::string(8192, 'R'));  // another owner's, newer: replaces ours
+  struct stat before;
+  ASSERT_EQ(::stat(Backing(k).c_str(), &before), 0);
+
+  // The tenant's first shipment holds its upload: the restore's reset of the
+  // tenant waits for it, past the post-download check.
+  dest_->HoldPuts(true);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 8192); }
+  ASSERT_TRUE(dest_->WaitPutHeld(seconds(20)));
+
+  auto answer = std::make_shared<std::promise<int>>();
+  auto result = answer->get_future();
+  rep_->Prepare(k, kEpoch, [answer](int err) { answer->set_value(err); });
+  ASSERT_EQ(checked.get_future().wait_for(seconds(20)), std::future_status::ready);
+  // The restore passed a check after its download and waits for the upload.
+  std::this_thread::sleep_for(milliseconds(200));
+  served_ = 0;  // the local lease ends
+  dest_->HoldPuts(false);
+  ASSERT_EQ(result.wait_for(seconds(20)), std::future_status::ready);
+  EXPECT_NE(result.get(), 0) << "a lookup was told a restore landed after its epoch";
+  struct stat after;
+  ASSERT_EQ(::stat(Backing(k).c_str(), &after), 0) << "the local file was removed after the lapse";
+  EXPECT_EQ(after.st_ino, before.st_ino) << "a restore was published after the lapse";
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'L')) << "the local file was replaced";
+  rep_->Stop();  // before the hook's locals go
+}
+
+TEST_F(ReplicatorTest, a_restore_published_as_its_epoch_ends_answers_the_lookup_with_an_error) {
+  FleetFile k = Main("publish-at-lapse");
+  // The lease ends the moment the file is published: every later check of
+  // the restore's thread sees it gone.
+  serving_hook_ = [this, k](Slot) -> std::optional<std::uint64_t> {
+    struct stat st;
+    if (dest_->IsGetter() && ::stat(Backing(k).c_str(), &st) == 0) return 0;
+    return std::nullopt;
+  };
+  Start(Options());
+  PutGeneration(k, 3, std::string(8192, 'R'));
+  EXPECT_NE(PrepareAndWait(k, kEpoch), 0);
+  // It stays: the mount hides the range.
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R'));
+}
+
+// ---- item 11: what the agent's loop reads never waits on a tenant ----
+
+TEST_F(ReplicatorTest, stats_and_lag_answer_while_a_snapshot_holds_its_tenant) {
+  Start([&] {
+    ReplicatorOptions o = Options();
+    o.sync_interval = Millis(20);
+    return o;
+  }());
+  FleetFile k = Main("held-snapshot");
+  // The main file is a FIFO: the snapshot's open of it blocks, holding
+  // everything a snapshot holds, until the test opens the other end.
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  ASSERT_EQ(::mkfifo(Backing(k).c_str(), 0644), 0);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  // Once a write waits, the snapshot holds the tenant's gate (and goes on to
+  // its open, under the tenant's lock).
+  std::future<WriteGuard> writer;
+  for (int i = 0; i < 100; ++i) {
+    writer = std::async(std::launch::async,
+                        [&] { return watch->BeforeTruncate(FileRole::kMain, 0); });
+    if (writer.wait_for(milliseconds(300)) == std::future_status::timeout) break;
+    writer.get();
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_TRUE(writer.valid() && writer.wait_for(milliseconds(0)) == std::future_status::timeout)
+      << "the snapshot never started";
+  auto stats = std::async(std::launch::async, [&] { return rep_->Stats(); });
+  auto lag = std::async(std::launch::async, [&] { return rep_->LagSeconds(0, kSlotCount - 1); });
+  const bool stats_answered = stats.wait_for(seconds(5)) == std::future_status::ready;
+  const bool lag_answered = lag.wait_for(seconds(5)) == std::future_status::ready;
+  EXPECT_EQ(writer.wait_for(milliseconds(0)), std::future_status::timeout)
+      << "the snapshot ended before the readers were tried";
+  // Release: a writer end lets the open return; the next rounds find a file.
+  UniqueFd other(::open(Backing(k).c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(other.valid());
+  fs::remove(Backing(k));
+  std::ofstream(Backing(k), std::ios::binary) << std::string(4096, 'F');
+  other = UniqueFd();
+  writer.get();
+  EXPECT_TRUE(stats_answered) << "Stats() waited on a snapshot";
+  EXPECT_TRUE(lag_answered) << "LagSeconds() waited on a snapshot";
+  EXPECT_EQ(stats.get().tenants, 1u);
+  lag.get();
+}
+
+// ---- item 2: a failed capture never leaves a hole ----
+
+class Db {
+ public:
+  explicit Db(const std::string& path) {
+    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
+  }
+  ~Db() { sqlite3_close(db_); }
+  void Exec(const std::string& sql) {
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK)
+        << sql << ": " << (err ? err : "");
+    sqlite3_free(err);
+  }
+  std::set<int> Ids() {
+    std::set<int> ids;
+    sqlite3_stmt* st = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, "SELECT id FROM t", -1, &st, nullptr), SQLITE_OK);
+    while (sqlite3_step(st) == SQLITE_ROW) ids.insert(sqlite3_column_int(st, 0));
+    sqlite3_finalize(st);
+    return ids;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+void Insert(Db& db, int from, int to) {
+  for (int i = from; i < to; ++i) {
+    db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(300))");
+  }
+}
+
+TEST_F(ReplicatorTest, a_capture_that_cannot_open_the_wal_makes_the_next_shipment_a_snapshot) {
+  FleetFile k = Main("capture-fails");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=WAL");
+  db.Exec("PRAGMA wal_autocheckpoint=0");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 0, 20);
+  Start(Options());
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 20, 40);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  ASSERT_EQ(rep_->Stats().snapshots, 1u);
+  ASSERT_EQ(rep_->Stats().segments, 1u);
+
+  // Commits the capture at the log's truncation must read, with no
+  // descriptor left to read them: every new descriptor fails with EMFILE.
+  Insert(db, 40, 60);
+  {
+    const int lowest_free = ::dup(0);
+    ASSERT_GE(lowest_free, 0);
+    ::close(lowest_free);
+    struct rlimit saved;
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+    struct rlimit low = saved;
+    low.rlim_cur = static_cast<rlim_t>(lowest_free);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    { auto guard = watch->BeforeTruncate(FileRole::kWal, 0); }
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  }
+  EXPECT_EQ(rep_->Stats().capture_failures, 1u);
+  // The checkpoint moves them into the main file and empties the log; later
+  // commits start a new one.
+  db.Exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  Insert(db, 60, 80);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 2u) << "the next shipment was not a snapshot";
+
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  std::set<int> want;
+  for (int i = 0; i < 80; ++i) want.insert(i);
+  EXPECT_EQ(db.Ids(), want);
+  EXPECT_EQ(copy.Ids(), want) << "the replica has a hole";
+}
+
+}  // namespace
+}  // namespace fleetfs::replica

@@ -312,6 +312,9 @@ EXIT STATUS
   2  bad input: the message names the value and the rule
   3  the range is held by another owner (the message says who, until when)
   4  the range was lost: it is not this owner's at this epoch
+  5  mount: stopped, but held ranges lapse instead of being released (commits
+     not all shipped, or the store did not confirm in time): another host
+     waits up to a ttl before it can claim them; the message says why
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191

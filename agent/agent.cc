@@ -54,7 +54,8 @@ class Agent {
   struct StopWork {
     uv_work_t req{};
     Agent* agent = nullptr;
-    bool all_shipped = true;
+    Millis flush_limit{0};
+    bool all_shipped = true;  // written on the pool, read after it
   };
 
   void Post(lease::Refresher::Task task);  // any thread
@@ -289,11 +290,13 @@ void Agent::StartStopWork() {
   // The view that withdraws everything was published just before: the
   // fence waits for writes in flight, so after it nothing reaches a backing
   // file. Every commit ships before the release; a range whose commits
-  // cannot ship within ttl/3 lapses instead, so no other host restores an
-  // older state while this one still holds newer commits.
+  // cannot ship in time lapses instead, so no other host restores an older
+  // state while this one still holds newer commits. The loop goes on
+  // renewing meanwhile.
   auto* work = new StopWork;
   work->agent = this;
   work->req.data = work;
+  work->flush_limit = lifecycle_.flush_limit();
   ++work_in_flight_;
   stop_work_running_ = true;
   uv_queue_work(
@@ -303,7 +306,8 @@ void Agent::StartStopWork() {
         Agent* agent = w->agent;
         if (agent->fs_) agent->fs_->WaitForFences();
         if (agent->replicator_) {
-          w->all_shipped = agent->replicator_->Flush(agent->mono_.Now() + agent->config_.ttl / 3);
+          w->all_shipped =
+              agent->replicator_->Flush(agent->mono_.Now() + w->flush_limit);
         }
       },
       [](uv_work_t* req, int) {

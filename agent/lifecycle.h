@@ -116,7 +116,7 @@ struct Actions {
   bool mount = false;         // mount now, then call Mounted()
   bool publish = false;       // publish the serving plan (everything withdrawn unless serves())
   // On the pool, not the loop: wait for the fences, then flush the replica
-  // for at most ttl/3; then call StopWorkDone().
+  // for at most flush_limit(); then call StopWorkDone().
   bool stop_work = false;
   // Refresher::StartRelease(release); then ReleaseSent() with its call count.
   std::optional<ReleaseDecision> release;
@@ -138,6 +138,10 @@ class Lifecycle {
   bool admits_new_opens() const {
     return phase_ == Phase::kStarting || phase_ == Phase::kServing;
   }
+  // How long the final flush may take: two refresh intervals, so at least
+  // one renewal lands while it runs. The fences and the flush together get
+  // a ttl; after that the ranges lapse.
+  Millis flush_limit() const { return options_.ttl * 2 / 3; }
   int exit_code() const { return exit_code_; }
   const std::string& exit_reason() const { return exit_reason_; }
   // Why the agent stood down after a backing failure; empty otherwise.

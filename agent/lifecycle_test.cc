@@ -108,6 +108,16 @@ TEST_F(LifecycleTest, renewals_go_on_while_the_fences_and_the_flush_run) {
   EXPECT_TRUE(life_.renews());
 }
 
+TEST_F(LifecycleTest, the_flush_gets_two_refresh_intervals_so_a_renewal_lands_while_it_runs) {
+  EXPECT_EQ(life_.flush_limit(), kTtl * 2 / 3);
+  EXPECT_GT(life_.flush_limit(), kTtl / 3);
+  Stop();
+  // The fences and the flush may take up to a ttl before the ranges lapse.
+  Advance(kTtl - Millis(1));
+  EXPECT_TRUE(life_.renews());
+  EXPECT_FALSE(life_.Step(now_, seen_).release.has_value());
+}
+
 TEST_F(LifecycleTest, the_release_waits_for_the_flush_result) {
   Stop();
   for (int i = 0; i < 5; ++i) {

@@ -270,7 +270,7 @@ Status Agent::MountNow() {
   options.allow_create = config_.allow_create;
   options.max_threads = config_.fuse_threads;
   options.clock = &mono_;
-  options.status_json = [this] { return StatusJson(Snapshot()).dump(2) + "\n"; };
+  options.status_json = [this] { return DumpJson(StatusJson(Snapshot())) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
   options.hooks = replicator_.get();
   options.on_session_end = [this] {
@@ -395,7 +395,7 @@ HttpResponse Agent::Serve(const std::string& method, const std::string& path) co
     return {405, "text/plain; charset=utf-8", "only GET is served\n"};
   }
   if (path == "/health") return Health(Snapshot());
-  if (path == "/status") return {200, "application/json", StatusJson(Snapshot()).dump(2) + "\n"};
+  if (path == "/status") return {200, "application/json", DumpJson(StatusJson(Snapshot())) + "\n"};
   if (path == "/metrics") return {200, "text/plain; version=0.0.4", MetricsText(Snapshot())};
   return {404, "text/plain; charset=utf-8", "not found; try /health, /status or /metrics\n"};
 }

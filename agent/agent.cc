@@ -1,13 +1,16 @@
 #include "agent/agent.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +35,22 @@ namespace {
 
 using lease::Epoch;
 using lease::SlotRange;
+
+// Every inode the kernel caches holds a descriptor in the mount: the soft
+// limit (often 1024) would run out long before the hard one.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    spdlog::warn("could not raise the open-file limit from {} to {}: {}", before, limit.rlim_max,
+                 std::strerror(errno));
+    return;
+  }
+  spdlog::info("raised the open-file limit from {} to {} (the hard limit)", before,
+               limit.rlim_max);
+}
 
 int ExitCodeFor(const Status& status) {
   return status.code() == Code::kInvalidArgument ? 2 : 1;
@@ -568,6 +587,7 @@ int RunAgent(const AgentConfig& config, std::ostream& err) {
   }();
   (void)logger;
   ::signal(SIGPIPE, SIG_IGN);
+  RaiseOpenFileLimit();
   Agent agent(config);
   return agent.Run(err);
 }

@@ -98,6 +98,23 @@ class OperatorFaults(MountTest):
         self.assertEqual(a.stop(), 0, a.log_tail())
         self.assertTrue(self.lease_rows()["0-16383"]["lapsed"])
 
+    # ---- item 2: the open-file limit ----
+
+    def test_the_agent_raises_its_soft_open_file_limit_to_the_hard_limit(self):
+        a = self.agent("a")
+
+        def limits():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 4096))
+        log = open(a.log_path, "ab")
+        a.proc = subprocess.Popen(a.argv(), stdout=log, stderr=subprocess.STDOUT,
+                                  preexec_fn=limits)
+        log.close()
+        a.wait_states("serving")
+        with open(f"/proc/{a.proc.pid}/limits") as f:
+            line = next(l for l in f if l.startswith("Max open files"))
+        self.assertEqual(line.split()[3:5], ["4096", "4096"], line)
+        self.assertIn("raised the open-file limit from 1024 to 4096", a.log())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -18,6 +18,7 @@
 #include "agent/admin_server.h"
 #include "agent/lifecycle.h"
 #include "agent/report.h"
+#include "agent/stale_mount.h"
 #include "agent/volume_lock.h"
 #include "fleet/clock.h"
 #include "fleet/replica_destination.h"
@@ -27,7 +28,6 @@
 #include "lease/refresher.h"
 #include "lease/store_url.h"
 #include "vfs/fleet_fs.h"
-#include "vfs/mount_point.h"
 #include "vfs/serving_view.h"
 
 namespace fleetfs::agent {
@@ -427,20 +427,9 @@ int Agent::Run(std::ostream& err) {
   auto lock = VolumeLock::Acquire(config_.backing);
   if (!lock.ok()) return fail(lock.status());
 
-  auto state = vfs::InspectMountPoint(config_.mountpoint);
-  if (!state.ok()) return fail(state.status().WithContext("mount"));
-  if (*state == vfs::MountPointState::kStale) {
-    // Left by a crashed agent: its daemon is gone, the kernel answers ENOTCONN.
-    if (Status cleaned = vfs::CleanStaleMount(config_.mountpoint); !cleaned.ok()) {
-      return fail(cleaned);
-    }
-    spdlog::info("cleaned up the stale mount at {} left by an agent that ended",
-                 config_.mountpoint);
-  } else if (*state == vfs::MountPointState::kLive) {
-    return fail(Status(Code::kFailedPrecondition,
-                       "mount: " + config_.mountpoint +
-                           " is already mounted and answering; is another agent serving it?"));
-  }
+  // With the lock held no agent of this backing directory is alive: a
+  // fleetfs mount that does not answer here is one it left behind.
+  if (Status cleared = ClearMountPoint(config_.mountpoint); !cleared.ok()) return fail(cleared);
 
   auto store = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
   if (!store.ok()) return fail(store.status().WithContext("store"));

@@ -189,7 +189,8 @@ Status CheckAbsoluteDir(std::string_view key, const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     // A stale FUSE mount left by a crashed agent: the agent cleans it up.
-    if (errno == ENOTCONN && key == "mount") return Status::Ok();
+    // ECONNABORTED: a request that raced with the daemon's death.
+    if ((errno == ENOTCONN || errno == ECONNABORTED) && key == "mount") return Status::Ok();
     return KeyError(key, "'" + path + "' does not exist (" + std::strerror(errno) +
                              "); create the directory first");
   }

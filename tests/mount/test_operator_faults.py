@@ -98,6 +98,28 @@ class OperatorFaults(MountTest):
         self.assertEqual(a.stop(), 0, a.log_tail())
         self.assertTrue(self.lease_rows()["0-16383"]["lapsed"])
 
+    # ---- item 14: a restart right after kill -9 ----
+
+    def test_every_restart_right_after_kill_9_cleans_the_stale_mount_and_serves(self):
+        a = self.agent("a")
+        rng = random.Random(14)
+        for round_ in range(10):
+            a.start()
+            a.wait_states("serving", timeout=20)
+            # What a user does: the kernel caches the root's and a file's attributes.
+            self.write(a, "acme", 1)
+            os.stat(a.mount)
+            os.listdir(a.mount)
+            a.kill9()
+            time.sleep(rng.uniform(0.2, 0.5))
+            a.start()
+            wait_for(lambda: a.running() and a.states() == ["serving"], 20,
+                     f"round {round_}: the restarted agent to serve",
+                     on_fail=lambda: f"exit {a.proc.poll()}\n" + a.log_tail())
+            self.assertIn("cleaned up the stale mount", a.log())
+            a.kill9()
+            subprocess.run(["umount", "-l", a.mount], capture_output=True)
+
     # ---- item 2: the open-file limit ----
 
     def test_the_agent_raises_its_soft_open_file_limit_to_the_hard_limit(self):

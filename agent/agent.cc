@@ -1,19 +1,24 @@
 #include "agent/agent.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "agent/admin_server.h"
+#include "agent/lifecycle.h"
 #include "agent/report.h"
+#include "agent/stale_mount.h"
 #include "agent/volume_lock.h"
 #include "fleet/clock.h"
 #include "fleet/replica_destination.h"
@@ -23,7 +28,6 @@
 #include "lease/refresher.h"
 #include "lease/store_url.h"
 #include "vfs/fleet_fs.h"
-#include "vfs/mount_point.h"
 #include "vfs/serving_view.h"
 
 namespace fleetfs::agent {
@@ -32,17 +36,20 @@ namespace {
 using lease::Epoch;
 using lease::SlotRange;
 
-enum class Phase { kStarting, kServing, kDraining, kStopping, kStopped };
-
-std::string_view PhaseName(Phase phase) {
-  switch (phase) {
-    case Phase::kStarting: return "starting";
-    case Phase::kServing: return "serving";
-    case Phase::kDraining: return "draining";
-    case Phase::kStopping: return "stopping";
-    case Phase::kStopped: return "stopped";
+// Every inode the kernel caches holds a descriptor in the mount: the soft
+// limit (often 1024) would run out long before the hard one.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    spdlog::warn("could not raise the open-file limit from {} to {}: {}", before, limit.rlim_max,
+                 std::strerror(errno));
+    return;
   }
-  return "unknown";
+  spdlog::info("raised the open-file limit from {} to {} (the hard limit)", before,
+               limit.rlim_max);
 }
 
 int ExitCodeFor(const Status& status) {
@@ -51,7 +58,8 @@ int ExitCodeFor(const Status& status) {
 
 class Agent {
  public:
-  explicit Agent(const AgentConfig& config) : config_(config) {}
+  explicit Agent(const AgentConfig& config)
+      : config_(config), lifecycle_(LifecycleOptions{config.ttl, config.shutdown_grace}) {}
   int Run(std::ostream& err);
 
  private:
@@ -60,23 +68,26 @@ class Agent {
     lease::Refresher::Task task;
     Agent* agent = nullptr;
   };
-  // What a range was last published as: a new period starts whenever a range
-  // is served again after it was not, even at the same epoch.
-  struct Published {
-    Epoch epoch;
-    std::uint64_t period = 0;
-    MonoTime valid_until{};
+  // The fences and the final flush, on the pool: both wait on locks that
+  // I/O holds, and the loop must keep renewing meanwhile.
+  struct StopWork {
+    uv_work_t req{};
+    Agent* agent = nullptr;
+    Millis flush_limit{0};
+    bool all_shipped = true;  // written on the pool, read after it
   };
 
   void Post(lease::Refresher::Task task);  // any thread
   void RunPosted();
   void Step();
-  void Arm();
+  // Carries out what the lifecycle decided, then arms the timer.
+  void Apply(Actions actions);
+  Observed Observe() const;
+  void Arm(MonoTime wake);
   std::shared_ptr<const vfs::ServingView> BuildView();
   void Publish();
   Status MountNow();
-  void BeginDrain(std::string_view why);
-  void BeginStop();
+  void StartStopWork();
   void Finish();
   void CloseLoopHandles();
   AgentSnapshot Snapshot() const;
@@ -98,24 +109,23 @@ class Agent {
   std::atomic<vfs::FleetFs*> fs_for_readers_{nullptr};  // set once mounted; read by any thread
   std::unique_ptr<AdminServer> admin_;
 
-  std::mutex posted_mu_;  // guards posted_
+  std::mutex posted_mu_;  // guards posted_; never held across I/O
   std::vector<lease::Refresher::Task> posted_;
-  int work_in_flight_ = 0;  // loop thread only
 
   // Loop thread only.
-  std::map<SlotRange, Published> published_;
-  std::uint64_t next_period_ = 1;
+  Lifecycle lifecycle_;
+  ServingPlan plan_;
+  int work_in_flight_ = 0;
+  bool stop_work_running_ = false;
   MonoTime next_refresh_{};
-  MonoTime drain_deadline_{};
-  MonoTime release_deadline_{};
-  std::size_t releases_sent_ = 0;
-  int exit_code_ = 0;
 
+  // Mirrors of loop-thread state for readers on other threads (the status
+  // files are made on FUSE threads).
   std::atomic<Phase> phase_{Phase::kStarting};
   std::atomic<bool> session_ended_{false};  // set by the FUSE session's thread
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Outcome::kCount)> outcomes_{};
   std::atomic<std::uint64_t> refreshes_{0};
-  std::mutex failures_mu_;  // guards last_failures_; the report listener runs on any thread
+  std::mutex failures_mu_;  // guards last_failures_; never held across I/O
   std::map<SlotRange, std::string> last_failures_;
 };
 
@@ -130,11 +140,10 @@ void Agent::Post(lease::Refresher::Task task) {
 }
 
 void Agent::RunPosted() {
-  if (session_ended_.exchange(false) && phase_ != Phase::kStopping && phase_ != Phase::kStopped) {
-    // Nothing can be served without the mount: release so another host can.
-    spdlog::error("the mount at {} is gone; stopping", config_.mountpoint);
-    exit_code_ = 1;
-    BeginStop();
+  if (session_ended_.exchange(false)) {
+    spdlog::error("the mount at {} is gone", config_.mountpoint);
+    Apply(lifecycle_.SessionEnded(mono_.Now(), Observe()));
+    if (lifecycle_.phase() == Phase::kStopped) return;
   }
   std::vector<lease::Refresher::Task> tasks;
   {
@@ -154,7 +163,7 @@ void Agent::RunPosted() {
           Agent* agent = work->agent;
           --agent->work_in_flight_;
           // An answer may change what is served.
-          if (agent->phase_ != Phase::kStopped) agent->Step();
+          if (agent->lifecycle_.phase() != Phase::kStopped) agent->Step();
         });
   }
 }
@@ -163,48 +172,30 @@ void Agent::RunPosted() {
 
 std::shared_ptr<const vfs::ServingView> Agent::BuildView() {
   const MonoTime now = mono_.Now();
-  const Phase phase = phase_;
+  ServingChange change = plan_.Update(refresher_->Status(), lifecycle_.serves(), now);
+  for (const PlannedRange& p : change.started) {
+    spdlog::info("serving range {} at epoch {} (local lease {} left)", p.range.ToString(),
+                 p.epoch.value(),
+                 lease::FormatDuration(std::chrono::duration_cast<Millis>(p.valid_until - now)));
+  }
+  if (replicator_) {
+    // A new epoch: the range's tenants that are missing or stale here come
+    // back from the replica in the background.
+    for (const PlannedRange& p : change.warm) {
+      replicator_->Warm(p.range.first(), p.range.last(), p.epoch.value());
+    }
+  }
+  for (const WithdrawnRange& w : change.withdrawn) {
+    spdlog::warn("stopped serving range {} at epoch {}: {}; hiding it and fencing its handles",
+                 w.range.ToString(), w.epoch.value(), w.why);
+  }
   std::vector<vfs::ServedRange> served;
-  std::map<SlotRange, Published> next;
-  if (phase != Phase::kStopping && phase != Phase::kStopped) {
-    for (const lease::RangeStatus& st : refresher_->Status()) {
-      if (!st.serving || !st.epoch) continue;
-      auto before = published_.find(st.range);
-      Published p;
-      p.epoch = *st.epoch;
-      p.valid_until = st.valid_until;
-      if (before != published_.end() && before->second.epoch == *st.epoch &&
-          now < before->second.valid_until) {
-        p.period = before->second.period;
-      } else {
-        p.period = next_period_++;
-        spdlog::info("serving range {} at epoch {} (local lease {} left)", st.range.ToString(),
-                     st.epoch->value(), lease::FormatDuration(st.lease_left));
-        if (replicator_ && (before == published_.end() || before->second.epoch != *st.epoch)) {
-          // A new epoch: the range's tenants that are missing or stale here
-          // come back from the replica in the background.
-          replicator_->Warm(st.range.first(), st.range.last(), st.epoch->value());
-        }
-      }
-      next[st.range] = p;
-      served.push_back(vfs::ServedRange{st.range.first(), st.range.last(),
-                                        vfs::ServingToken{p.epoch.value(), p.period},
-                                        st.valid_until});
-    }
+  for (const PlannedRange& p : change.served) {
+    served.push_back(vfs::ServedRange{p.range.first(), p.range.last(),
+                                      vfs::ServingToken{p.epoch.value(), p.period},
+                                      p.valid_until});
   }
-  for (const auto& [range, p] : published_) {
-    auto after = next.find(range);
-    if (after == next.end() || after->second.period != p.period) {
-      std::string why = phase == Phase::kStopping || phase == Phase::kStopped ? "the agent is stopping"
-                        : now >= p.valid_until ? "its local lease ended"
-                                               : "it was lost";
-      spdlog::warn("stopped serving range {} at epoch {}: {}; hiding it and fencing its handles",
-                   range.ToString(), p.epoch.value(), why);
-    }
-  }
-  published_ = std::move(next);
-  auto view = vfs::ServingView::Make(std::move(served), phase == Phase::kServing ||
-                                                            phase == Phase::kStarting);
+  auto view = vfs::ServingView::Make(std::move(served), lifecycle_.admits_new_opens());
   if (!view.ok()) {
     // Configured ranges never overlap, so this is a broken invariant: serve nothing.
     spdlog::error("serving view refused: {}", view.status().message());
@@ -220,64 +211,68 @@ void Agent::Publish() {
 
 // ---- time ----
 
-void Agent::Step() {
-  const Phase phase = phase_;
-  if (phase == Phase::kStopping) {
-    MonoTime now = mono_.Now();
-    if (static_cast<std::size_t>(refresher_->released()) >= releases_sent_) {
-      spdlog::info("released {} ranges; other hosts may claim them at once", releases_sent_);
-      Finish();
-      return;
-    }
-    if (now >= release_deadline_) {
-      spdlog::warn("the store did not confirm every release within ttl/3; the rest lapse");
-      Finish();
-      return;
-    }
-    Arm();
-    return;
-  }
-  if (phase == Phase::kStopped) return;
-
-  MonoTime now = mono_.Now();
-  refresher_->Tick();  // ends a refresh past its time limit; the listener counts it
-  if (!refresher_->refresh_open() && now >= next_refresh_) {
-    if (refresher_->Start()) next_refresh_ = now + config_.ttl / 3;
-  }
-  if (phase == Phase::kStarting && !refresher_->refresh_open()) {
-    // The first claim has answered (or timed out): mount what it gave.
-    Status mounted = MountNow();
-    if (!mounted.ok()) {
-      spdlog::error("{}", mounted.message());
-      exit_code_ = 1;
-      BeginStop();
-      return;
-    }
-    phase_ = Phase::kServing;
-  }
-  Publish();
-  if (phase_ == Phase::kDraining) {
-    bool idle = fs_ == nullptr || fs_->OpenHandles() == 0;
-    if (idle || mono_.Now() >= drain_deadline_) {
-      if (!idle) {
-        spdlog::warn("{} handles still open after the shutdown grace; fencing them",
-                     fs_->OpenHandles());
-      }
-      BeginStop();
-      return;
-    }
-  }
-  Arm();
+Observed Agent::Observe() const {
+  Observed seen;
+  seen.refreshes_ended = refreshes_.load();
+  seen.store_call_running = refresher_->Unsettled();
+  for (const lease::RangeStatus& st : refresher_->Status()) seen.held_ranges += st.epoch ? 1 : 0;
+  seen.open_handles = fs_ ? fs_->OpenHandles() : 0;
+  seen.released = static_cast<std::size_t>(std::max(0, refresher_->released()));
+  return seen;
 }
 
-void Agent::Arm() {
-  MonoTime now = mono_.Now();
-  MonoTime next = refresher_->NextWake();
-  if (next_refresh_ < next) next = next_refresh_;
-  const Phase phase = phase_;
-  if (phase == Phase::kDraining || phase == Phase::kStopping) {
-    next = std::min(next, now + Millis(20));  // watch handles close and releases land
+void Agent::Step() {
+  if (lifecycle_.phase() == Phase::kStopped) return;
+  const MonoTime now = mono_.Now();
+  refresher_->Tick();  // ends a refresh past its time limit; the listener counts it
+  if (lifecycle_.renews() && !refresher_->refresh_open() && now >= next_refresh_) {
+    if (refresher_->Start()) next_refresh_ = now + config_.ttl / 3;
   }
+  Apply(lifecycle_.Step(mono_.Now(), Observe()));
+}
+
+void Agent::Apply(Actions actions) {
+  phase_ = lifecycle_.phase();
+  for (const LogLine& line : actions.log) {
+    switch (line.level) {
+      case LogLine::Level::kInfo: spdlog::info("{}", line.text); break;
+      case LogLine::Level::kWarn: spdlog::warn("{}", line.text); break;
+      case LogLine::Level::kError: spdlog::error("{}", line.text); break;
+    }
+  }
+  if (actions.mount) {
+    Status mounted = MountNow();
+    Apply(lifecycle_.Mounted(mono_.Now(), mounted, Observe()));
+    return;
+  }
+  if (actions.publish) Publish();
+  if (actions.stop_work) StartStopWork();
+  if (actions.release) {
+    lease::ReleasePlan plan = refresher_->StartRelease(actions.release->release);
+    Apply(lifecycle_.ReleaseSent(mono_.Now(), plan.calls.size(), Observe()));
+    return;
+  }
+  if (actions.finish) {
+    Finish();
+    return;
+  }
+  phase_ = lifecycle_.phase();
+  Arm(actions.wake);
+}
+
+void Agent::Arm(MonoTime wake) {
+  if (lifecycle_.phase() == Phase::kStopped) return;
+  MonoTime next = wake;
+  if (lifecycle_.renews()) {
+    next = std::min({next, refresher_->NextWake(), next_refresh_});
+  } else if (refresher_->refresh_open()) {
+    next = std::min(next, refresher_->NextWake());  // to end it at its time limit
+  }
+  if (next == MonoTime::max()) {
+    uv_timer_stop(&wake_);
+    return;
+  }
+  const MonoTime now = mono_.Now();
   auto delay = std::chrono::ceil<Millis>(next - now).count();
   // libuv's clock has millisecond steps; waking 1 ms late beats waking early.
   uv_timer_start(&wake_, [](uv_timer_t* t) { static_cast<Agent*>(t->data)->Step(); },
@@ -294,7 +289,7 @@ Status Agent::MountNow() {
   options.allow_create = config_.allow_create;
   options.max_threads = config_.fuse_threads;
   options.clock = &mono_;
-  options.status_json = [this] { return StatusJson(Snapshot()).dump(2) + "\n"; };
+  options.status_json = [this] { return DumpJson(StatusJson(Snapshot())) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
   options.hooks = replicator_.get();
   options.on_session_end = [this] {
@@ -310,60 +305,54 @@ Status Agent::MountNow() {
   return Status::Ok();
 }
 
-void Agent::BeginDrain(std::string_view why) {
-  const Phase phase = phase_;
-  if (phase == Phase::kDraining) {
-    spdlog::info("{} again: not waiting for open handles", why);
-    BeginStop();
-    return;
-  }
-  if (phase != Phase::kServing && phase != Phase::kStarting) return;
-  if (phase == Phase::kStarting) {
-    BeginStop();
-    return;
-  }
-  phase_ = Phase::kDraining;
-  drain_deadline_ = mono_.Now() + config_.shutdown_grace;
-  spdlog::info("{}: no new opens; {} open handles get up to {} to close", why,
-               fs_ ? fs_->OpenHandles() : 0, lease::FormatDuration(config_.shutdown_grace));
-  Step();
-}
-
-void Agent::BeginStop() {
-  phase_ = Phase::kStopping;
-  uv_timer_stop(&wake_);
-  // Hide everything and fence every handle; the fence waits for writes in
-  // flight, so after it nothing reaches a backing file.
-  Publish();
-  if (fs_) fs_->WaitForFences();
-  // Every commit ships before the release; a range whose commits cannot ship
-  // within ttl/3 lapses instead, so no other host restores an older state
-  // while this one still holds newer commits.
-  bool all_shipped = true;
-  if (replicator_) {
-    all_shipped = replicator_->Flush(mono_.Now() + config_.ttl / 3);
-    if (all_shipped) {
-      spdlog::info("every commit is shipped to {}", config_.replica);
-    } else {
-      spdlog::warn("some commits could not be shipped to {} in time; the ranges lapse instead "
-                   "of being released", config_.replica);
-    }
-  }
-  lease::ReleasePlan plan = refresher_->StartRelease(all_shipped);
-  releases_sent_ = plan.calls.size();
-  if (plan.calls.empty()) {
-    if (!plan.lapse_reason.empty()) spdlog::info("not releasing: {}", plan.lapse_reason);
-    Finish();
-    return;
-  }
-  release_deadline_ = mono_.Now() + config_.ttl / 3;
-  Arm();
+void Agent::StartStopWork() {
+  // The view that withdraws everything was published just before: the
+  // fence waits for writes in flight, so after it nothing reaches a backing
+  // file. Every commit ships before the release; a range whose commits
+  // cannot ship in time lapses instead, so no other host restores an older
+  // state while this one still holds newer commits. The loop goes on
+  // renewing meanwhile.
+  auto* work = new StopWork;
+  work->agent = this;
+  work->req.data = work;
+  work->flush_limit = lifecycle_.flush_limit();
+  ++work_in_flight_;
+  stop_work_running_ = true;
+  uv_queue_work(
+      &loop_, &work->req,
+      [](uv_work_t* req) {
+        auto* w = static_cast<StopWork*>(req->data);
+        Agent* agent = w->agent;
+        if (agent->fs_) agent->fs_->WaitForFences();
+        if (agent->replicator_) {
+          w->all_shipped =
+              agent->replicator_->Flush(agent->mono_.Now() + w->flush_limit);
+        }
+      },
+      [](uv_work_t* req, int) {
+        std::unique_ptr<StopWork> w(static_cast<StopWork*>(req->data));
+        Agent* agent = w->agent;
+        --agent->work_in_flight_;
+        agent->stop_work_running_ = false;
+        if (agent->lifecycle_.phase() == Phase::kStopped) return;
+        if (agent->replicator_) {
+          if (w->all_shipped) {
+            spdlog::info("every commit is shipped to {}", agent->config_.replica);
+          } else {
+            spdlog::warn("some commits could not be shipped to {} in time", agent->config_.replica);
+          }
+        }
+        agent->Apply(agent->lifecycle_.StopWorkDone(agent->mono_.Now(), w->all_shipped,
+                                                     agent->Observe()));
+      });
 }
 
 void Agent::Finish() {
   phase_ = Phase::kStopped;
   // Lookups waiting for a restore are answered while the session still runs.
-  if (replicator_) replicator_->Stop();
+  // A flush that outlived its bound still runs in the replicator: the
+  // process exits without waiting for it.
+  if (replicator_ && !stop_work_running_) replicator_->Stop();
   if (fs_) {
     fs_->Unmount();
     spdlog::info("unmounted {}", config_.mountpoint);
@@ -425,7 +414,7 @@ HttpResponse Agent::Serve(const std::string& method, const std::string& path) co
     return {405, "text/plain; charset=utf-8", "only GET is served\n"};
   }
   if (path == "/health") return Health(Snapshot());
-  if (path == "/status") return {200, "application/json", StatusJson(Snapshot()).dump(2) + "\n"};
+  if (path == "/status") return {200, "application/json", DumpJson(StatusJson(Snapshot())) + "\n"};
   if (path == "/metrics") return {200, "text/plain; version=0.0.4", MetricsText(Snapshot())};
   return {404, "text/plain; charset=utf-8", "not found; try /health, /status or /metrics\n"};
 }
@@ -438,20 +427,9 @@ int Agent::Run(std::ostream& err) {
   auto lock = VolumeLock::Acquire(config_.backing);
   if (!lock.ok()) return fail(lock.status());
 
-  auto state = vfs::InspectMountPoint(config_.mountpoint);
-  if (!state.ok()) return fail(state.status().WithContext("mount"));
-  if (*state == vfs::MountPointState::kStale) {
-    // Left by a crashed agent: its daemon is gone, the kernel answers ENOTCONN.
-    if (Status cleaned = vfs::CleanStaleMount(config_.mountpoint); !cleaned.ok()) {
-      return fail(cleaned);
-    }
-    spdlog::info("cleaned up the stale mount at {} left by an agent that ended",
-                 config_.mountpoint);
-  } else if (*state == vfs::MountPointState::kLive) {
-    return fail(Status(Code::kFailedPrecondition,
-                       "mount: " + config_.mountpoint +
-                           " is already mounted and answering; is another agent serving it?"));
-  }
+  // With the lock held no agent of this backing directory is alive: a
+  // fleetfs mount that does not answer here is one it left behind.
+  if (Status cleared = ClearMountPoint(config_.mountpoint); !cleared.ok()) return fail(cleared);
 
   auto store = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
   if (!store.ok()) return fail(store.status().WithContext("store"));
@@ -549,7 +527,10 @@ int Agent::Run(std::ostream& err) {
     admin_ = std::move(*admin);
   }
   auto on_signal = [](uv_signal_t* handle, int signum) {
-    static_cast<Agent*>(handle->data)->BeginDrain(signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    auto* agent = static_cast<Agent*>(handle->data);
+    agent->Apply(agent->lifecycle_.Signal(agent->mono_.Now(),
+                                          signum == SIGTERM ? "SIGTERM" : "SIGINT",
+                                          agent->Observe()));
   };
   uv_signal_start(&sigterm_, on_signal, SIGTERM);
   uv_signal_start(&sigint_, on_signal, SIGINT);
@@ -566,15 +547,21 @@ int Agent::Run(std::ostream& err) {
                                              lease::FormatDuration(config_.sync_interval));
   Step();  // the first claim; the mount follows when it has answered
   uv_run(&loop_, UV_RUN_DEFAULT);
+  const int code = lifecycle_.exit_code();
+  if (code != 0) {
+    // Scripts and the service manager see the code; people see why.
+    spdlog::error("exiting with {}: {}", code, lifecycle_.exit_reason());
+    err << "fleetfs: exiting with " << code << ": " << lifecycle_.exit_reason() << '\n';
+  }
   if (work_in_flight_ > 0) {
-    spdlog::warn("exiting with {} store calls still running; their ranges lapse",
-                 work_in_flight_);
+    spdlog::warn("exiting with {} calls still running on the pool", work_in_flight_);
     spdlog::shutdown();
-    std::_Exit(exit_code_);
+    err.flush();
+    std::_Exit(code);
   }
   uv_loop_close(&loop_);
   spdlog::info("stopped");
-  return exit_code_;
+  return code;
 }
 
 }  // namespace
@@ -589,6 +576,7 @@ int RunAgent(const AgentConfig& config, std::ostream& err) {
   }();
   (void)logger;
   ::signal(SIGPIPE, SIG_IGN);
+  RaiseOpenFileLimit();
   Agent agent(config);
   return agent.Run(err);
 }

@@ -5,8 +5,10 @@
 // admin listener, first claim, then the mount. Run: refresh every ttl/3,
 // wake at the next local lapse, run store calls on the thread pool, publish
 // a new serving view on every change. SIGTERM/SIGINT: stop exposing, give
-// open handles a bounded time, fence, release when DESIGN section 2 allows,
-// unmount, exit 0.
+// open handles a bounded time, fence and flush on the pool while the loop
+// keeps renewing, release when DESIGN section 2 allows, unmount, exit 0 (or
+// kExitLapsed when held ranges lapse instead). The phases and the release
+// rules are agent/lifecycle's; this file carries its decisions out.
 //
 // Thread-safety: Run blocks the calling thread, which becomes the loop
 // thread. The status snapshot is read from FUSE threads too; everything it
@@ -20,7 +22,9 @@
 namespace fleetfs::agent {
 
 // Runs the agent until it is stopped; returns the process exit code (0 after
-// a clean stop, 1 when it could not start or serve, 2 for bad configuration).
+// a clean stop, 1 when it could not start or serve, 2 for bad configuration,
+// kExitLapsed (5) when a stop left held ranges to lapse instead of releasing
+// them). A non-zero code is explained on `err`.
 int RunAgent(const AgentConfig& config, std::ostream& err);
 
 }  // namespace fleetfs::agent

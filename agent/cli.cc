@@ -312,6 +312,9 @@ EXIT STATUS
   2  bad input: the message names the value and the rule
   3  the range is held by another owner (the message says who, until when)
   4  the range was lost: it is not this owner's at this epoch
+  5  mount: stopped, but held ranges lapse instead of being released (commits
+     not all shipped, or the store did not confirm in time): another host
+     waits up to a ttl before it can claim them; the message says why
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
@@ -352,7 +355,9 @@ EXAMPLES
 )";
 
 
-std::string StateNote(const Json& range) {
+int PrintStatus(Json doc, std::ostream& out);
+
+std::string StateNote(Json range) {
   std::string note;
   if (range.contains("held_by")) {
     note = "held by " + range["held_by"]["owner"].get<std::string>() + " until " +
@@ -389,6 +394,17 @@ int RunStatus(const std::string& mount, bool json, std::ostream& out, std::ostre
     err << "fleetfs: " << path << " is not a status document\n";
     return kExitFailure;
   }
+  try {
+    return PrintStatus(doc, out);
+  } catch (const Json::exception& e) {
+    // An agent of another version: say so rather than abort.
+    err << "fleetfs: " << path << " is not a status document this fleetfs reads (" << e.what()
+        << ")\n";
+    return kExitFailure;
+  }
+}
+
+int PrintStatus(Json doc, std::ostream& out) {
   out << "owner " << doc["owner"].get<std::string>() << "   store " << doc["store"].get<std::string>()
       << "   ttl " << doc["ttl"].get<std::string>() << "   mode " << doc["mode"].get<std::string>()
       << '\n';
@@ -400,7 +416,7 @@ int RunStatus(const std::string& mount, bool json, std::ostream& out, std::ostre
       << "\n\n";
   std::vector<std::vector<std::string>> rows = {
       {"RANGE", "EPOCH", "STATE", "LEASE LEFT", "OPEN FILES", "REPL LAG", "NOTE"}};
-  for (const Json& r : doc["ranges"]) {
+  for (Json r : doc["ranges"]) {
     std::ostringstream left;
     if (r["serving"].get<bool>()) {
       left << std::fixed << std::setprecision(1) << r["lease_left_ms"].get<double>() / 1000.0 << "s";
@@ -421,7 +437,7 @@ int RunStatus(const std::string& mount, bool json, std::ostream& out, std::ostre
   }
   PrintTable(out, rows);
   if (doc["replication"].is_object()) {
-    const Json& r = doc["replication"];
+    Json r = doc["replication"];
     out << "\nreplica " << r["replica"].get<std::string>() << "   shipped "
         << r["transactions_shipped"].get<std::uint64_t>() << " transactions, "
         << r["bytes_shipped"].get<std::uint64_t>() << " bytes, " << r["snapshots"].get<std::uint64_t>()
@@ -462,7 +478,10 @@ opens; open handles get --shutdown-grace to close; then every handle is
 fenced, the ranges are released when no store call can still land, and the
 mount is removed. A second SIGTERM skips the grace.
 
-CONFIGURATION FILE (TOML; every key is also a flag, flags win)
+CONFIGURATION FILE (TOML; every key is also a flag, flags win, and every
+value in the file is checked even when a flag overrides it; durations are
+strings with their unit, ranges are strings; nothing is touched before every
+value, the directories and the store file have passed)
   backing = "/var/lib/fleetfs/volume"
   mount = "/mnt/fleet"
   mode = "tenant"                 # or "slot"

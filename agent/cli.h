@@ -4,7 +4,8 @@
 // Exit codes: 0 success; 1 a failure at run time (store unreachable, corrupt
 // file); 2 bad input (the message names the thing and the rule); 3 the range
 // is held by another owner; 4 the range was lost (not this owner's at this
-// epoch).
+// epoch); 5 (mount) stopped, but held ranges lapse instead of being released
+// (kExitLapsed, agent/lifecycle.h).
 //
 // Thread-safety: runs on the calling thread.
 #pragma once

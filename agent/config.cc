@@ -4,10 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <toml++/toml.h>
+
+#include "fleet/unique_fd.h"
 
 #include "fleet/replica_destination.h"
 #include "lease/lease_ttl.h"
@@ -25,36 +32,165 @@ Status KeyError(std::string_view key, std::string_view what) {
   return InvalidArgument(std::string(key) + ": " + std::string(what));
 }
 
-// Reads one key of the file as text; arrays of strings (ranges) are joined
-// with commas, integers are taken as written.
-Result<std::optional<std::string>> TextKey(const toml::table& table, std::string_view key,
-                                           const std::string& file) {
+bool IsDurationKey(std::string_view key) {
+  return key == "ttl" || key == "shutdown_grace" || key == "sync_interval" ||
+         key == "snapshot_interval" || key == "retention";
+}
+
+// Reads one key of the file as text: strings as written, the ranges list
+// joined with commas. Numbers are refused: a duration without its unit, or a
+// slot number where a range is meant, is a guess the agent does not make.
+Result<std::optional<std::string>> TextKey(const toml::table& table, std::string_view key) {
   const toml::node* node = table.get(key);
   if (node == nullptr) return std::optional<std::string>();
-  if (auto s = node->value<std::string>(); s && node->is_string()) return std::optional(*s);
-  if (node->is_integer()) return std::optional(std::to_string(*node->value<std::int64_t>()));
-  if (const toml::array* array = node->as_array(); array != nullptr && key == "ranges") {
+  if (node->is_string()) return std::optional(*node->value<std::string>());
+  if (IsDurationKey(key) && (node->is_integer() || node->is_floating_point())) {
+    return KeyError(key, "a duration is a string with its unit, as in \"30s\" or \"200ms\" "
+                         "(ms, s, m or h); a bare number is refused");
+  }
+  if (key == "ranges") {
+    const toml::array* array = node->as_array();
+    if (array == nullptr) {
+      return KeyError(key, "ranges are a string \"A-B,C-D\" or a list of strings [\"A-B\"]; "
+                           "a bare number is refused");
+    }
     std::string joined;
     for (const toml::node& item : *array) {
       if (!item.is_string()) {
-        return KeyError(key, "in " + file + ", every item of the ranges list is a string \"A-B\"");
+        return KeyError(key, "every item of the ranges list is a string \"A-B\"");
       }
       if (!joined.empty()) joined += ",";
       joined += *item.value<std::string>();
     }
     return std::optional(joined);
   }
-  return KeyError(key, "in " + file + ", the value must be a string");
+  return KeyError(key, "the value must be a string");
 }
 
-Status CheckAbsoluteDir(std::string_view key, const std::string& path) {
+// Paths and URLs are quoted in every status document and log line.
+Status CheckUtf8(std::string_view key, std::string_view value) {
+  if (lease::IsValidUtf8(value)) return Status::Ok();
+  return KeyError(key, "'" + lease::Printable(value) + "' is not valid UTF-8");
+}
+
+Status CheckAbsolute(std::string_view key, const std::string& path) {
+  FLEETFS_RETURN_IF_ERROR(CheckUtf8(key, path));
   if (path.empty() || path[0] != '/') {
     return KeyError(key, "'" + path + "' must be an absolute path");
   }
+  return Status::Ok();
+}
+
+Result<Millis> BoundedDuration(std::string_view key, const std::string& text, Millis min,
+                               Millis max) {
+  FLEETFS_ASSIGN_OR_RETURN(Millis d, lease::ParseDuration(key, text));
+  if (d < min || d > max) {
+    return KeyError(key, "must be between " + lease::FormatDuration(min) + " and " +
+                             lease::FormatDuration(max));
+  }
+  return d;
+}
+
+// Checks one value and sets it. The file's values go through here even when
+// a flag overrides them, so a wrong value never hides behind a flag. What
+// depends on the file system (directories, the store file) is checked
+// later, for the values that win.
+Status ApplyValue(std::string_view key, const std::string& value, AgentConfig& config) {
+  if (key == "backing") {
+    FLEETFS_RETURN_IF_ERROR(CheckAbsolute(key, value));
+    config.backing = value;
+  } else if (key == "mount") {
+    FLEETFS_RETURN_IF_ERROR(CheckAbsolute(key, value));
+    config.mountpoint = value;
+  } else if (key == "mode") {
+    auto mode = ParseMode(value);
+    if (!mode.ok()) return mode.status().WithContext("mode");
+    config.mode = *mode;
+  } else if (key == "owner") {
+    auto owner = lease::OwnerId::Make(value);
+    if (!owner.ok()) return owner.status().WithContext("owner");
+    config.owner = *owner;
+  } else if (key == "ranges") {
+    auto ranges = lease::ParseRangeList(value);
+    if (!ranges.ok()) return ranges.status().WithContext("ranges");
+    config.ranges = *ranges;
+  } else if (key == "store") {
+    FLEETFS_RETURN_IF_ERROR(CheckUtf8(key, value));
+    if (auto url = lease::ParseStoreUrl(value); !url.ok()) return url.status().WithContext("store");
+    config.store = value;
+  } else if (key == "ttl") {
+    auto ttl = lease::ParseTtl(value);
+    if (!ttl.ok()) return ttl.status().WithContext("ttl");
+    config.ttl = *ttl;
+  } else if (key == "admin") {
+    config.admin.reset();
+    if (value != "off") {
+      FLEETFS_ASSIGN_OR_RETURN(config.admin, ParseAdminEndpoint(value));
+    }
+  } else if (key == "shutdown_grace") {
+    FLEETFS_ASSIGN_OR_RETURN(config.shutdown_grace,
+                             BoundedDuration(key, value, Millis(0), Millis(600'000)));
+  } else if (key == "replica") {
+    config.replica.clear();
+    if (value != "off") {
+      FLEETFS_RETURN_IF_ERROR(CheckUtf8(key, value));
+      FLEETFS_RETURN_IF_ERROR(replica::ValidateDestinationUrl(value));
+      config.replica = value;
+    }
+  } else if (key == "sync_interval") {
+    FLEETFS_ASSIGN_OR_RETURN(config.sync_interval,
+                             BoundedDuration(key, value, Millis(10), Millis(600'000)));
+  } else if (key == "snapshot_interval") {
+    FLEETFS_ASSIGN_OR_RETURN(config.snapshot_interval,
+                             BoundedDuration(key, value, Millis(1000), Millis(30LL * 86'400'000)));
+  } else if (key == "retention") {
+    FLEETFS_ASSIGN_OR_RETURN(config.retention,
+                             BoundedDuration(key, value, Millis(60'000),
+                                             Millis(3650LL * 86'400'000)));
+  } else {
+    return KeyError(key, "not a configuration key");
+  }
+  return Status::Ok();
+}
+
+// The control database before the agent touches anything: its directory
+// exists, and a file already there is a SQLite database (an empty file is
+// one SQLite will initialise). Nothing is created here.
+Status CheckStoreFile(const std::string& url) {
+  auto parsed = lease::ParseStoreUrl(url);
+  if (!parsed.ok()) return parsed.status().WithContext("store");
+  const std::string& path = parsed->path;
+  const std::string dir = path.substr(0, std::max<std::size_t>(path.rfind('/'), 1));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return KeyError("store", "the directory " + dir + " of the control database " + path +
+                                 " does not exist; create it first");
+  }
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();  // the agent makes it
+    return KeyError("store", path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return KeyError("store", path + " is not a regular file");
+  if (st.st_size == 0) return Status::Ok();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return KeyError("store", path + ": " + std::strerror(errno));
+  static constexpr char kMagic[] = "SQLite format 3";  // 16 bytes with its NUL
+  char header[sizeof kMagic] = {};
+  const ssize_t n = ::pread(fd.get(), header, sizeof header, 0);
+  if (n != static_cast<ssize_t>(sizeof header) || std::memcmp(header, kMagic, sizeof kMagic) != 0) {
+    return KeyError("store", path + " exists and is not a SQLite database; name the control "
+                                    "database, or a path where the agent may create it");
+  }
+  return Status::Ok();
+}
+
+Status CheckAbsoluteDir(std::string_view key, const std::string& path) {
+  FLEETFS_RETURN_IF_ERROR(CheckAbsolute(key, path));
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     // A stale FUSE mount left by a crashed agent: the agent cleans it up.
-    if (errno == ENOTCONN && key == "mount") return Status::Ok();
+    // ECONNABORTED: a request that raced with the daemon's death.
+    if ((errno == ENOTCONN || errno == ECONNABORTED) && key == "mount") return Status::Ok();
     return KeyError(key, "'" + path + "' does not exist (" + std::strerror(errno) +
                              "); create the directory first");
   }
@@ -97,10 +233,29 @@ Result<Endpoint> ParseAdminEndpoint(std::string_view text) {
 }
 
 Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
-  ConfigInput merged = input;
+  // Each key's value as given on the command line, then the file's beneath.
+  const std::pair<std::string_view, const std::optional<std::string>*> flags[] = {
+      {"backing", &input.backing},
+      {"mount", &input.mountpoint},
+      {"mode", &input.mode},
+      {"owner", &input.owner},
+      {"ranges", &input.ranges},
+      {"store", &input.store},
+      {"ttl", &input.ttl},
+      {"admin", &input.admin},
+      {"shutdown_grace", &input.shutdown_grace},
+      {"replica", &input.replica},
+      {"sync_interval", &input.sync_interval},
+      {"snapshot_interval", &input.snapshot_interval},
+      {"retention", &input.retention},
+  };
+  std::map<std::string_view, std::string> values;
   bool file_no_create = false;
   if (input.config_file) {
     const std::string& file = *input.config_file;
+    auto in_file = [&](const Status& status) {
+      return InvalidArgument("config file " + file + ": " + status.message());
+    };
     toml::table table;
     try {
       table = toml::parse_file(file);
@@ -114,42 +269,49 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       for (const char* k : kKeys) known = known || key.str() == k;
       if (!known) {
         return InvalidArgument("config file " + file + ": unknown key '" +
-                               std::string(key.str()) +
+                               lease::Printable(key.str()) +
                                "'; the keys are backing, mount, mode, owner, ranges, store, ttl, "
-                               "admin, no_create, shutdown_grace, replica, sync_interval, snapshot_interval, "
-                               "retention");
+                               "admin, no_create, shutdown_grace, replica, sync_interval, "
+                               "snapshot_interval, retention");
       }
     }
-    auto fill = [&](std::optional<std::string>& slot, std::string_view key) -> Status {
-      if (slot) return Status::Ok();  // the flag wins
-      FLEETFS_ASSIGN_OR_RETURN(slot, TextKey(table, key, file));
-      return Status::Ok();
-    };
-    const std::pair<std::optional<std::string>*, std::string_view> text_keys[] = {
-        {&merged.backing, "backing"},
-        {&merged.mountpoint, "mount"},
-        {&merged.mode, "mode"},
-        {&merged.owner, "owner"},
-        {&merged.ranges, "ranges"},
-        {&merged.store, "store"},
-        {&merged.ttl, "ttl"},
-        {&merged.admin, "admin"},
-        {&merged.shutdown_grace, "shutdown_grace"},
-        {&merged.replica, "replica"},
-        {&merged.sync_interval, "sync_interval"},
-        {&merged.snapshot_interval, "snapshot_interval"},
-        {&merged.retention, "retention"},
-    };
-    for (const auto& [slot, key] : text_keys) FLEETFS_RETURN_IF_ERROR(fill(*slot, key));
+    AgentConfig scratch;  // where the file's own values are checked
+    for (const auto& [key, flag] : flags) {
+      auto text = TextKey(table, key);
+      if (!text.ok()) return in_file(text.status());
+      if (!*text) continue;
+      if (Status valid = ApplyValue(key, **text, scratch); !valid.ok()) return in_file(valid);
+      values[key] = **text;
+    }
     if (const toml::node* node = table.get("no_create")) {
-      if (!node->is_boolean()) return KeyError("no_create", "in " + file + ", must be true or false");
+      if (!node->is_boolean()) return in_file(KeyError("no_create", "must be true or false"));
       file_no_create = *node->value<bool>();
     }
   }
-
+  for (const auto& [key, flag] : flags) {
+    if (*flag) values[key] = **flag;  // the flag wins
+  }
   AgentConfig config;
-  config.backing = merged.backing.value_or(kDefaultBacking);
-  config.mountpoint = merged.mountpoint.value_or(kDefaultMount);
+  const std::pair<std::string_view, const char*> defaults[] = {
+      {"backing", kDefaultBacking}, {"mount", kDefaultMount},     {"mode", "tenant"},
+      {"ranges", "0-16383"},        {"store", kDefaultStore},     {"ttl", "30s"},
+      {"admin", kDefaultAdmin},     {"shutdown_grace", "5s"},     {"replica", "off"},
+      {"sync_interval", "1s"},      {"snapshot_interval", "1h"}, {"retention", "72h"},
+  };
+  for (const auto& [key, fallback] : defaults) {
+    if (values.count(key) == 0) values[key] = fallback;
+  }
+  if (values.count("owner") == 0) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    values["owner"] = host;
+  }
+  for (const auto& [key, flag] : flags) {
+    FLEETFS_RETURN_IF_ERROR(ApplyValue(key, values[key], config));
+  }
+
+  // What the file system says, for the values that win; still nothing is
+  // created or changed.
   FLEETFS_RETURN_IF_ERROR(CheckAbsoluteDir("backing", config.backing));
   FLEETFS_RETURN_IF_ERROR(CheckAbsoluteDir("mount", config.mountpoint));
   const std::string backing = Canonical(config.backing);
@@ -159,77 +321,11 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
     return KeyError("mount", "'" + config.mountpoint + "' and the backing directory '" +
                                  config.backing + "' must not contain each other");
   }
+  FLEETFS_RETURN_IF_ERROR(CheckUtf8("backing", backing));
+  FLEETFS_RETURN_IF_ERROR(CheckUtf8("mount", mount));
   config.backing = backing;
   config.mountpoint = mount;
-
-  auto mode = ParseMode(merged.mode.value_or("tenant"));
-  if (!mode.ok()) return mode.status().WithContext("mode");
-  config.mode = *mode;
-
-  std::string owner = merged.owner.value_or("");
-  if (!merged.owner) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    owner = host;
-  }
-  auto owner_id = lease::OwnerId::Make(owner);
-  if (!owner_id.ok()) return owner_id.status().WithContext("owner");
-  config.owner = *owner_id;
-
-  auto ranges = lease::ParseRangeList(merged.ranges.value_or("0-16383"));
-  if (!ranges.ok()) return ranges.status().WithContext("ranges");
-  config.ranges = *ranges;
-
-  config.store = merged.store.value_or(kDefaultStore);
-  if (auto url = lease::ParseStoreUrl(config.store); !url.ok()) {
-    return url.status().WithContext("store");
-  }
-
-  auto ttl = lease::ParseTtl(merged.ttl.value_or("30s"));
-  if (!ttl.ok()) return ttl.status().WithContext("ttl");
-  config.ttl = *ttl;
-
-  std::string admin = merged.admin.value_or(kDefaultAdmin);
-  if (admin != "off") {
-    FLEETFS_ASSIGN_OR_RETURN(config.admin, ParseAdminEndpoint(admin));
-  }
-
-  auto grace = lease::ParseDuration("shutdown_grace", merged.shutdown_grace.value_or("5s"));
-  if (!grace.ok()) return grace.status();
-  if (*grace > Millis(600000)) {
-    return KeyError("shutdown_grace", "must be at most 600s");
-  }
-  config.shutdown_grace = *grace;
-
-  config.replica = merged.replica.value_or("off");
-  if (config.replica == "off") {
-    config.replica.clear();
-  } else if (Status url = replica::ValidateDestinationUrl(config.replica); !url.ok()) {
-    return url;
-  }
-  struct Bounded {
-    const char* key;
-    const std::optional<std::string>& value;
-    const char* fallback;
-    Millis min, max;
-    Millis* out;
-  };
-  for (const Bounded& b : {
-           Bounded{"sync_interval", merged.sync_interval, "1s", Millis(10), Millis(600'000),
-                   &config.sync_interval},
-           Bounded{"snapshot_interval", merged.snapshot_interval, "1h", Millis(1000),
-                   Millis(30LL * 86'400'000), &config.snapshot_interval},
-           Bounded{"retention", merged.retention, "72h", Millis(60'000),
-                   Millis(3650LL * 86'400'000), &config.retention},
-       }) {
-    auto d = lease::ParseDuration(b.key, b.value.value_or(b.fallback));
-    if (!d.ok()) return d.status();
-    if (*d < b.min || *d > b.max) {
-      return KeyError(b.key, "must be between " + lease::FormatDuration(b.min) + " and " +
-                                 lease::FormatDuration(b.max));
-    }
-    *b.out = *d;
-  }
+  FLEETFS_RETURN_IF_ERROR(CheckStoreFile(config.store));
 
   config.allow_create = !(input.no_create.value_or(false) || file_no_create);
   return config;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "lease/test_support.h"
@@ -21,6 +22,7 @@ class ConfigTest : public ::testing::Test {
     ConfigInput in;
     in.backing = backing_;
     in.mountpoint = mount_;
+    in.store = "sqlite://" + dir_.path().string() + "/control.db";
     return in;
   }
   std::string WriteFile(const std::string& text) {
@@ -115,6 +117,70 @@ TEST_F(ConfigTest, an_unknown_key_or_a_wrong_type_in_the_file_is_refused) {
   EXPECT_NE(Error(in).find("ranges: "), std::string::npos);
   in.config_file = WriteFile("ttl = \n");
   EXPECT_NE(Error(in).find("line 1"), std::string::npos);
+}
+
+TEST_F(ConfigTest, every_value_in_the_file_is_checked_even_when_a_flag_overrides_it) {
+  ConfigInput in = Input();
+  in.ttl = "6s";
+  in.config_file = WriteFile("ttl = true\n");
+  EXPECT_NE(Error(in).find("ttl: the value must be a string"), std::string::npos);
+  in.config_file = WriteFile("ttl = \"1s\"\n");
+  EXPECT_NE(Error(in).find("ttl: ttl 1s: a lease lasts 3s to 3600s"), std::string::npos);
+  in = Input();
+  in.admin = "off";
+  in.config_file = WriteFile("admin = \"0.0.0.0:80\"\n");
+  EXPECT_NE(Error(in).find("admin: "), std::string::npos);
+  in = Input();
+  in.backing = backing_;
+  in.config_file = WriteFile("backing = \"relative\"\n");
+  EXPECT_NE(Error(in).find("backing: 'relative' must be an absolute path"), std::string::npos);
+  // A file value a flag overrides names the file.
+  EXPECT_NE(Error(in).find("config file "), std::string::npos);
+}
+
+TEST_F(ConfigTest, durations_need_their_unit_and_ranges_are_strings) {
+  ConfigInput in = Input();
+  for (const char* text : {"sync_interval = 200\n", "ttl = 30\n", "retention = 3.5\n",
+                           "shutdown_grace = 0\n", "snapshot_interval = 3600\n"}) {
+    in.config_file = WriteFile(text);
+    EXPECT_NE(Error(in).find("a duration is a string with its unit"), std::string::npos) << text;
+  }
+  in.config_file = WriteFile("sync_interval = \"200\"\n");
+  EXPECT_NE(Error(in).find("sync_interval '200': a duration needs its unit"), std::string::npos);
+  in = Input();
+  in.ttl = "30";
+  EXPECT_NE(Error(in).find("ttl '30': a duration needs its unit"), std::string::npos);
+  in = Input();
+  in.config_file = WriteFile("ranges = 5\n");
+  EXPECT_NE(Error(in).find("ranges: ranges are a string"), std::string::npos);
+  in.config_file = WriteFile("ranges = \"5\"\n");  // slot 5, written as text: meant
+  EXPECT_TRUE(ResolveConfig(in).ok());
+}
+
+TEST_F(ConfigTest, owner_ids_with_unicode_white_space_or_bad_bytes_are_refused) {
+  ConfigInput in = Input();
+  for (const char* owner : {"host-a\u00a0", "\u2003host-a", "host-a\u3000", "host-a\u200b",
+                            "host\u0085a", "host-\xff", "host-\xc0\xaf"}) {
+    in.owner = owner;
+    EXPECT_NE(Error(in).find("owner: owner id"), std::string::npos) << owner;
+  }
+  in.owner = "h\u00f6st b";  // UTF-8, white space inside: fine
+  EXPECT_TRUE(ResolveConfig(in).ok());
+}
+
+TEST_F(ConfigTest, the_store_is_checked_before_anything_is_touched) {
+  ConfigInput in = Input();
+  const std::string text = dir_.path().string() + "/notes.txt";
+  std::ofstream(text) << "not a database\n";
+  in.store = "sqlite://" + text;
+  EXPECT_NE(Error(in).find("store: " + text + " exists and is not a SQLite database"),
+            std::string::npos);
+  in.store = "sqlite://" + dir_.path().string() + "/missing/control.db";
+  EXPECT_NE(Error(in).find("store: the directory "), std::string::npos);
+  in.store = "sqlite://" + dir_.path().string() + "/empty.db";
+  std::ofstream(dir_.path().string() + "/empty.db");  // an empty file is a database to SQLite
+  EXPECT_TRUE(ResolveConfig(in).ok());
+  EXPECT_FALSE(std::filesystem::exists(backing_ + "/.fleetfs"));
 }
 
 TEST_F(ConfigTest, the_example_configuration_in_packaging_is_valid) {

@@ -158,7 +158,7 @@ int RunReplicaLs(const ReplicaArgs& args, std::ostream& out, std::ostream& err) 
   if (args.json) {
     out << nlohmann::json{{"tenant", t->main.main_path}, {"replica", args.replica},
                           {"generations", list}}
-               .dump(2)
+               .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
         << '\n';
     return kOk;
   }

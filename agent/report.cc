@@ -151,6 +151,10 @@ Json StatusJson(const AgentSnapshot& s) {
   return doc;
 }
 
+std::string DumpJson(const Json& doc) {
+  return doc.dump(2, ' ', false, Json::error_handler_t::replace);
+}
+
 std::string RangesText(const AgentSnapshot& s) {
   std::ostringstream out;
   for (const RangeSnapshot& r : s.ranges) {

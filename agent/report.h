@@ -59,6 +59,9 @@ struct AgentSnapshot {
 std::string RangeState(const lease::RangeStatus& status, std::string_view phase);
 
 nlohmann::json StatusJson(const AgentSnapshot& snapshot);
+// The document as text, never throwing: bytes that are not UTF-8 (a path
+// from the file system, a message quoting one) become U+FFFD.
+std::string DumpJson(const nlohmann::json& doc);
 std::string RangesText(const AgentSnapshot& snapshot);
 std::string MetricsText(const AgentSnapshot& snapshot);
 // 200 while every configured range is served or waiting; 503 naming the

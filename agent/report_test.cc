@@ -84,5 +84,28 @@ TEST(Report, status_and_metrics_name_each_range_with_its_epoch_state_and_lease) 
   EXPECT_NE(RangesText(s).find("0-99 serving epoch 7"), std::string::npos);
 }
 
+TEST(StatusJson, bytes_that_are_not_utf8_anywhere_never_make_a_serializer_throw) {
+  auto waiting = Range("100-199", RangeOutcome::kWaiting, false);
+  waiting.status.holder = lease::Held{*SlotRange::Parse("100-199"), "host-\xff", 1000};
+  auto failed = Range("200-299", RangeOutcome::kFailed, false);
+  failed.status.failure = "cannot open /srv/\xc3(: Permission denied";
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3), waiting, failed});
+  s.owner = "host-\xff";
+  s.backing = "/var/\xfe\xfflib";
+  s.mountpoint = "/mnt/\xc0\xaf";
+  s.store = "sqlite:///tmp/\xed\xa0\x80.db";
+  s.replica = "file:///r/\x80";
+  s.replication = replica::ReplicationStats{};
+  s.replication->failing = "put /r/\x80/x: EROFS";
+  s.vfs = VfsSnapshot{};
+  std::string text;
+  EXPECT_NO_THROW(text = DumpJson(StatusJson(s)));
+  EXPECT_NE(text.find("host-\xef\xbf\xbd"), std::string::npos) << "replaced by U+FFFD";
+  EXPECT_FALSE(nlohmann::json::parse(text, nullptr, false).is_discarded());
+  EXPECT_NO_THROW(MetricsText(s));
+  EXPECT_NO_THROW(RangesText(s));
+  EXPECT_NO_THROW(Health(s));
+}
+
 }  // namespace
 }  // namespace fleetfs::agent

@@ -4,13 +4,15 @@
 #include <cstdio>
 #include <string>
 
+#include "lease/owner_id.h"
+
 namespace fleetfs::lease {
 
 Result<Millis> ParseDuration(std::string_view what, std::string_view text) {
   auto bad = [&] {
-    return InvalidArgument(std::string(what) + " '" + std::string(text) +
-                           "': not a duration; write a whole number with ms, s, m or h "
-                           "(\"30s\"); a bare number is seconds");
+    return InvalidArgument(std::string(what) + " '" + Printable(text) +
+                           "': not a duration; write a whole number with its unit, ms, s, m or "
+                           "h (\"30s\", \"200ms\")");
   };
   std::size_t digits = 0;
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
@@ -19,8 +21,14 @@ Result<Millis> ParseDuration(std::string_view what, std::string_view text) {
   std::from_chars(text.data(), text.data() + digits, number);
   const std::string_view unit = text.substr(digits);
   long long scale = 0;
+  if (unit.empty()) {
+    // "200" could mean seconds or milliseconds: the agent does not guess.
+    return InvalidArgument(std::string(what) + " '" + std::string(text) +
+                           "': a duration needs its unit; write " + std::string(text) + "s or " +
+                           std::string(text) + "ms (ms, s, m or h)");
+  }
   if (unit == "ms") scale = 1;
-  else if (unit.empty() || unit == "s") scale = 1000;
+  else if (unit == "s") scale = 1000;
   else if (unit == "m") scale = 60'000;
   else if (unit == "h") scale = 3'600'000;
   else return bad();

@@ -14,7 +14,8 @@ inline constexpr Millis kMinTtl{3'000};
 inline constexpr Millis kDefaultTtl{30'000};
 inline constexpr Millis kMaxTtl{3'600'000};
 
-// Parses "30s", "1500ms", "2m", "1h" or a bare number of seconds.
+// Parses "30s", "1500ms", "2m" or "1h". A bare number is refused: "200"
+// could be meant as seconds or milliseconds.
 Result<Millis> ParseDuration(std::string_view what, std::string_view text);
 
 // Parses a lease ttl and checks it is 3 s to 3600 s.

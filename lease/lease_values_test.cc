@@ -73,6 +73,14 @@ TEST(OwnerId, refuses_empty_long_control_and_padded_ids) {
       {" host-a", "white space at an end"},
       {"host-a ", "white space at an end"},
       {"host-a\t", "control character"},
+      {"host-\xff", "is not valid UTF-8"},
+      {"host-\xc0\xaf", "is not valid UTF-8"},        // an overlong '/'
+      {"host-\xed\xa0\x80", "is not valid UTF-8"},    // a surrogate
+      {"host-\xe2\x82", "is not valid UTF-8"},         // cut short
+      {"host-a\xc2\xa0", "white space at an end"},     // no-break space
+      {"\xe2\x80\x83host-a", "white space at an end"},  // em space
+      {"host-a\xe2\x80\x8b", "white space at an end"},  // zero-width space
+      {"host\xc2\x85" "a", "control character"},       // next line (C1)
   };
   for (const auto& [id, why] : cases) {
     const auto owner = OwnerId::Make(id);
@@ -84,9 +92,11 @@ TEST(OwnerId, refuses_empty_long_control_and_padded_ids) {
   }
 }
 
-TEST(Ttl, parses_units_and_bare_seconds) {
+TEST(Ttl, parses_units_and_refuses_a_bare_number) {
   EXPECT_EQ(*ParseTtl("30s"), Millis(30'000));
-  EXPECT_EQ(*ParseTtl("30"), Millis(30'000));
+  EXPECT_NE(ParseTtl("30").status().message().find("'30': a duration needs its unit; write 30s "
+                                                   "or 30ms"),
+            std::string::npos);
   EXPECT_EQ(*ParseTtl("3000ms"), Millis(3'000));
   EXPECT_EQ(*ParseTtl("2m"), Millis(120'000));
   EXPECT_EQ(*ParseTtl("1h"), Millis(3'600'000));

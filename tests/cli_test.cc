@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <csignal>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -54,8 +56,13 @@ Ran Fleetfs(const std::vector<std::string>& args) {
   pid_t pid = 0;
   Ran ran;
   if (posix_spawn(&pid, FLEETFS_BINARY, &actions, nullptr, argv.data(), environ) == 0) {
+    // A `fleetfs mount` that should have been refused serves until stopped:
+    // stop it (SIGTERM unmounts) rather than hang the suite.
     int status = 0;
-    waitpid(pid, &status, 0);
+    for (int waited_ms = 0; waitpid(pid, &status, WNOHANG) == 0; waited_ms += 10) {
+      if (waited_ms == 30'000) kill(pid, SIGTERM);
+      usleep(10'000);
+    }
     ran.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   posix_spawn_file_actions_destroy(&actions);
@@ -215,7 +222,12 @@ TEST_F(LeaseCommand, bad_input_prints_one_line_exits_2_and_changes_nothing) {
       {claim("a", "1-2-3"), "slot range '1-2-3': not a slot number"},
       {claim("", "1"), "owner id '': empty"},
       {claim(std::string(129, 'o'), "1"), "is 129 bytes"},
-      {claim("a\x01z", "1"), "owner id 'a?z': has a control character"},
+      {claim("a\x01z", "1"), "owner id 'a\\x01z': has a control character"},
+      {claim("host-\xff", "1"), "owner id 'host-\\xff': is not valid UTF-8"},
+      {claim("host-a\xc2\xa0", "1"), "has white space at an end"},
+      {claim("\xe3\x80\x80host-a", "1"), "has white space at an end"},
+      {claim("host\xc2\x85" "a", "1"), "has a control character"},
+      {claim("a", "1", {"--ttl", "30"}), "ttl '30': a duration needs its unit"},
       {claim(" host-a", "1"), "owner id ' host-a': has white space at an end"},
       {claim("host-a ", "1"), "owner id 'host-a ': has white space at an end"},
       {claim("a", "1", {"--ttl", "2s"}), "ttl 2s: a lease lasts 3s to 3600s"},
@@ -269,6 +281,75 @@ TEST_F(LeaseCommand, a_control_file_that_is_not_a_database_exits_1_and_is_left_a
     EXPECT_NE(ran.err.find("not a SQLite database"), std::string::npos) << ran.err;
   }
   EXPECT_TRUE(Slurp(Control()) == junk);
+}
+
+// `fleetfs mount` with a bad value: exit 2, one line naming the key, and
+// nothing touched (no BACKING/.fleetfs, no control database).
+class MountCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backing_ = dir_.File("backing");
+    mount_ = dir_.File("mnt");
+    std::filesystem::create_directories(backing_);
+    std::filesystem::create_directories(mount_);
+  }
+  Ran Mount(std::vector<std::string> more, const std::string& toml = "") {
+    std::vector<std::string> args = {"mount", "--backing", backing_, "--mount", mount_,
+                                     "--admin", "off"};
+    if (std::find(more.begin(), more.end(), "--store") == more.end()) {
+      args.insert(args.end(), {"--store", "sqlite://" + dir_.File("control.db")});
+    }
+    if (!toml.empty()) {
+      std::ofstream(dir_.File("agent.toml"), std::ios::binary) << toml;
+      args.insert(args.end(), {"--config", dir_.File("agent.toml")});
+    }
+    args.insert(args.end(), more.begin(), more.end());
+    return Fleetfs(args);
+  }
+  void ExpectRefused(const Ran& ran, const std::string& says) {
+    EXPECT_EQ(ran.code, 2) << says << "\n" << ran.err;
+    EXPECT_EQ(Lines(ran.err), 1) << ran.err;
+    EXPECT_NE(ran.err.find(says), std::string::npos) << ran.err;
+    EXPECT_FALSE(std::filesystem::exists(backing_ + "/.fleetfs")) << says << ": touched BACKING";
+    EXPECT_FALSE(std::filesystem::exists(dir_.File("control.db"))) << says;
+  }
+  TempDir dir_;
+  std::string backing_, mount_;
+};
+
+TEST_F(MountCommand, owner_ids_and_paths_that_are_not_utf8_are_refused_naming_the_key) {
+  ExpectRefused(Mount({"--owner", "host-\xff"}), "owner: owner id 'host-\\xff': is not valid UTF-8");
+  ExpectRefused(Mount({}, "owner = \"host-a\u00a0\"\n"), "owner: owner id");
+  const std::string odd = dir_.File("back\xff");
+  std::filesystem::create_directories(odd);
+  ExpectRefused(Mount({"--backing", odd}), "backing: ");
+  EXPECT_FALSE(std::filesystem::exists(odd + "/.fleetfs"));
+  ExpectRefused(Mount({"--store", "sqlite://" + dir_.File("c\xfe.db")}), "store: ");
+}
+
+TEST_F(MountCommand, a_flag_does_not_hide_a_wrong_value_in_the_file) {
+  ExpectRefused(Mount({"--ttl", "6s"}, "ttl = true\n"), "ttl: ");
+  ExpectRefused(Mount({"--ranges", "0-99"}, "ranges = \"9-1\"\n"), "ranges: ");
+  ExpectRefused(Mount({"--owner", "host-a"}, "owner = \" host-a\"\n"), "owner: ");
+}
+
+TEST_F(MountCommand, bare_numbers_are_refused_where_a_unit_or_a_range_is_meant) {
+  ExpectRefused(Mount({}, "sync_interval = 200\n"), "sync_interval: a duration is a string");
+  ExpectRefused(Mount({}, "ttl = 30\n"), "ttl: a duration is a string");
+  ExpectRefused(Mount({}, "shutdown_grace = 2.5\n"), "shutdown_grace: a duration is a string");
+  ExpectRefused(Mount({}, "ttl = \"30\"\n"), "ttl '30': a duration needs its unit");
+  ExpectRefused(Mount({"--sync-interval", "200"}), "a duration needs its unit");
+  ExpectRefused(Mount({}, "ranges = 5\n"), "ranges: ranges are a string");
+}
+
+TEST_F(MountCommand, a_store_that_cannot_be_used_is_refused_before_anything_is_touched) {
+  const std::string text = dir_.File("notes.txt");
+  std::ofstream(text) << "these are my notes, not a control database\n";
+  ExpectRefused(Mount({"--store", "sqlite://" + text}), "store: " + text +
+                                                             " exists and is not a SQLite database");
+  EXPECT_EQ(Slurp(text), "these are my notes, not a control database\n");
+  ExpectRefused(Mount({"--store", "sqlite://" + dir_.File("missing/control.db")}),
+                "store: the directory " + dir_.File("missing") + " of the control database");
 }
 
 TEST(Help, describes_commands_and_exit_status) {

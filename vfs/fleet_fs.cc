@@ -26,48 +26,22 @@
 
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
+#include "vfs/control_files.h"
+#include "vfs/fence.h"
+#include "vfs/inode_table.h"
+#include "vfs/negative_names.h"
 
 namespace fleetfs::vfs {
 namespace {
-
-// Fixed inode numbers: the layout is fixed, so its directories are too.
-constexpr fuse_ino_t kRootIno = FUSE_ROOT_ID;                       // 1
-constexpr fuse_ino_t kFirstBucketIno = 2;                           // 2..257
-constexpr fuse_ino_t kControlDirIno = kFirstBucketIno + kBucketCount;  // 258
-constexpr fuse_ino_t kStatusIno = kControlDirIno + 1;
-constexpr fuse_ino_t kRangesIno = kControlDirIno + 2;
-constexpr fuse_ino_t kFirstFileIno = 1024;
-
-constexpr std::string_view kControlDirName = ".fleetfs";
-constexpr std::string_view kStatusName = "status.json";
-constexpr std::string_view kRangesName = "ranges";
 
 // The kernel may cache entries and attributes this long; a fence tells it to
 // forget them at once, so the timeout only bounds staleness of attributes.
 constexpr double kEntryTimeout = 1.0;
 
-bool IsBucketIno(fuse_ino_t ino) {
-  return ino >= kFirstBucketIno && ino < kFirstBucketIno + kBucketCount;
-}
-int BucketOfIno(fuse_ino_t ino) { return static_cast<int>(ino - kFirstBucketIno); }
+// Negative entries remembered at most; beyond, absent names are not cached.
+constexpr std::size_t kMaxNegativeNames = 100'000;
 
 std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
-
-// A fleet file the kernel knows by `ino`. Owns an O_PATH descriptor of the
-// backing file, so the inode stays the same file after its name is unlinked.
-struct FileInode {
-  fuse_ino_t ino = 0;
-  int bucket = 0;
-  std::string name;
-  FleetFile file;
-  dev_t dev = 0;
-  ino_t backing_ino = 0;
-  UniqueFd path_fd;
-  std::uint64_t nlookup = 0;  // guarded by Impl::inodes_mu_
-  // The newest epoch this main file was prepared and stamped for: lookups
-  // under it need no replica check.
-  std::atomic<std::uint64_t> exposed_epoch{0};
-};
 
 struct FileHandle {
   UniqueFd fd;
@@ -84,41 +58,48 @@ struct VirtualHandle {
 };
 
 struct DirHandle {
-  struct Entry {
-    std::string name;
-    fuse_ino_t ino;
-    mode_t type;
-  };
   bool listed = false;
-  std::vector<Entry> entries;
+  std::vector<ControlFiles::Entry> entries;
 };
 
-struct FenceJob {
-  std::vector<ServedRange> ranges;   // withdrawn ranges to fence
-  std::vector<ServedRange> claimed;  // newly served ranges: forget their negative entries
-  std::vector<std::pair<fuse_ino_t, std::string>> entries;  // names to forget
-};
+// The fence's way to the kernel: the session's notifications.
+class SessionNotifier final : public KernelNotifier {
+ public:
+  explicit SessionNotifier(fuse_session** session) : session_(session) {}
+  void InvalEntry(std::uint64_t parent, std::string_view name) override {
+    fuse_lowlevel_notify_inval_entry(*session_, parent, name.data(), name.size());
+  }
+  void InvalInode(std::uint64_t ino) override {
+    fuse_lowlevel_notify_inval_inode(*session_, ino, 0, 0);
+  }
+  void Store(std::uint64_t ino, std::uint64_t offset, std::string_view data) override {
+    fuse_bufvec buf = FUSE_BUFVEC_INIT(data.size());
+    buf.buf[0].mem = const_cast<char*>(data.data());
+    fuse_lowlevel_notify_store(*session_, ino, static_cast<off_t>(offset), &buf,
+                               static_cast<fuse_buf_copy_flags>(0));
+  }
 
-// A name the kernel caches as absent: looked up in a served slot, not there.
-struct NegativeName {
-  fuse_ino_t parent = 0;
-  Slot slot = 0;
-  MonoTime until{};
+ private:
+  fuse_session** session_;  // the mount's; set before the fence thread starts
 };
-
-// Negative entries remembered at most; beyond, absent names are not cached.
-constexpr std::size_t kMaxNegativeNames = 100'000;
 
 }  // namespace
 
-class FleetFs::Impl {
+class FleetFs::Impl final : public FencedFiles {
  public:
-  explicit Impl(MountOptions options) : options_(std::move(options)) {}
-  ~Impl() { Stop(); }
+  explicit Impl(MountOptions options)
+      : options_(std::move(options)),
+        control_(options_.status_json, options_.ranges_text),
+        negative_(kMaxNegativeNames,
+                  std::chrono::duration_cast<MonoTime::duration>(
+                      std::chrono::duration<double>(kEntryTimeout))),
+        notifier_(&session_),
+        fence_(notifier_, *this, *options_.clock, stats_) {}
+  ~Impl() override { Stop(); }
 
   Status Start(std::shared_ptr<const ServingView> initial);
   void Publish(std::shared_ptr<const ServingView> view);
-  void WaitForFences();
+  void WaitForFences() { fence_.Wait(); }
   void Stop();
 
   const VfsStats& stats() const { return stats_; }
@@ -126,13 +107,20 @@ class FleetFs::Impl {
     std::lock_guard lock(handles_mu_);
     return handles_.size();
   }
-  std::size_t OpenHandlesIn(Slot first, Slot last) const {
+  std::size_t OpenHandlesIn(Slot first, Slot last) override {
     std::lock_guard lock(handles_mu_);
     std::size_t n = 0;
     for (const FileHandle* h : handles_) {
       if (h->inode->file.slot >= first && h->inode->file.slot <= last) ++n;
     }
     return n;
+  }
+
+  // FencedFiles, for the fence thread.
+  std::vector<FenceTarget> FilesIn(const std::vector<ServedRange>& ranges) override;
+  std::vector<EntryName> ForgetAbsentIn(const std::vector<ServedRange>& claimed) override {
+    std::lock_guard lock(negative_mu_);
+    return negative_.ForgetIn(claimed, Now());
   }
 
   // FUSE handlers; each sends exactly one reply.
@@ -189,39 +177,20 @@ class FleetFs::Impl {
   }
 
   // The handle of an open fleet file, or ESTALE when its range is no longer
-  // served under the token it was opened with. `view` must stay held until
-  // the operation has reached the backing file.
+  // served under the token it was opened with (ServingView's admission
+  // rule). `view` must stay held until the operation has reached the backing
+  // file.
   static FileHandle* HandleOf(fuse_file_info* fi) {
     return reinterpret_cast<FileHandle*>(static_cast<uintptr_t>(fi->fh));
   }
   int CheckHandle(const ServingView& view, const FileHandle& h) const {
-    const ServedRange* served = view.Find(h.inode->file.slot, Now());
-    if (served == nullptr) return ESTALE;
-    if (served->token == h.token) return 0;
-    // A -shm handle of an earlier serving period at the same epoch goes on:
-    // fencing its file operations protects nothing (its users share the
-    // mapping, which bypasses the file system), and the kernel writes back
-    // every user's dirty wal-index pages through whichever handle mapped the
-    // file first, which may be a fenced one.
-    if (h.inode->file.role == FileRole::kShm && served->token.epoch == h.token.epoch) return 0;
-    return ESTALE;
+    return view.Admits(h.inode->file.slot, h.inode->file.role, h.token, Now()) ? 0 : ESTALE;
   }
 
   int BucketFd(int bucket);
   int EnsureBucket(int bucket);
   int StatBucket(int bucket, struct stat* st);
   void RootAttr(struct stat* st) const;
-  void ControlAttr(fuse_ino_t ino, struct stat* st) const;
-
-  std::shared_ptr<FileInode> FindInode(fuse_ino_t ino) {
-    std::lock_guard lock(inodes_mu_);
-    auto it = inodes_.find(ino);
-    return it == inodes_.end() ? nullptr : it->second;
-  }
-  // Registers (or finds) the inode of a backing file and counts a lookup.
-  std::shared_ptr<FileInode> Remember(int bucket, std::string_view name, const FleetFile& file,
-                                      UniqueFd path_fd, const struct stat& st);
-  void ForgetOne(fuse_ino_t ino, uint64_t nlookup);
 
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
                fuse_entry_param* e, bool prepared);
@@ -235,7 +204,10 @@ class FleetFs::Impl {
     return options_.hooks ? options_.hooks->Watch(inode.file, epoch) : nullptr;
   }
   // Records a negative entry; false when too many are remembered to cache more.
-  bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot);
+  bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot) {
+    std::lock_guard lock(negative_mu_);
+    return negative_.Remember(parent, name, slot, Now());
+  }
   int DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi, fuse_entry_param* e);
   int DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi,
@@ -268,12 +240,8 @@ class FleetFs::Impl {
     handles_.erase(h);
   }
 
-  void QueueFence(FenceJob job);
-  void StaleWalIndex(fuse_ino_t ino);
-  void FenceLoop();
-  void RunFence(const FenceJob& job);
-
   MountOptions options_;
+  ControlFiles control_;
   UniqueFd root_fd_;
   struct stat root_stat_ {};
   std::array<std::atomic<int>, kBucketCount> bucket_fds_{};
@@ -284,13 +252,10 @@ class FleetFs::Impl {
   // call); operations hold the loaded view until their backing call returns.
   std::atomic<std::shared_ptr<const ServingView>> view_;
 
-  mutable std::mutex inodes_mu_;  // guards inodes_, by_backing_, next_ino_; taken alone
-  std::unordered_map<fuse_ino_t, std::shared_ptr<FileInode>> inodes_;
-  std::map<std::pair<dev_t, ino_t>, fuse_ino_t> by_backing_;
-  fuse_ino_t next_ino_ = kFirstFileIno;
+  InodeTable inodes_;
 
   std::mutex negative_mu_;  // guards negative_; taken alone
-  std::unordered_map<std::string, NegativeName> negative_;  // key: name '\0' parent
+  NegativeNames negative_;
 
   mutable std::mutex handles_mu_;  // guards handles_; taken alone
   std::unordered_set<FileHandle*> handles_;
@@ -299,18 +264,9 @@ class FleetFs::Impl {
   std::unordered_set<VirtualHandle*> virtual_handles_;
   std::unordered_set<DirHandle*> dir_handles_;
 
-  std::mutex fence_mu_;  // guards everything down to fence_thread_; taken alone
-  std::condition_variable fence_cv_;
-  std::deque<FenceJob> fence_jobs_;
-  // Views published before the current one that may still be held by an
-  // operation in flight; a fence waits until they are all gone.
-  std::vector<std::weak_ptr<const ServingView>> old_views_;
-  std::uint64_t fences_queued_ = 0;
-  std::uint64_t fences_done_ = 0;
-  bool fence_stop_ = false;
-  std::thread fence_thread_;
-
   fuse_session* session_ = nullptr;
+  SessionNotifier notifier_;
+  Fence fence_;  // after everything it reaches: destroyed (stopped) first
   std::thread loop_thread_;
   bool mounted_ = false;
   std::atomic<bool> stopping_{false};  // Stop has begun: the session's end is expected
@@ -375,7 +331,7 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
                        " (is /dev/fuse there, and are we root?)");
   }
   mounted_ = true;
-  fence_thread_ = std::thread([this] { FenceLoop(); });
+  fence_.Start();
   loop_thread_ = std::thread([this] {
     fuse_loop_config* config = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(options_.max_threads));
@@ -393,12 +349,7 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
 
 void FleetFs::Impl::Stop() {
   // Fences still queued are run first: they need the session.
-  {
-    std::lock_guard lock(fence_mu_);
-    fence_stop_ = true;
-  }
-  fence_cv_.notify_all();
-  if (fence_thread_.joinable()) fence_thread_.join();
+  fence_.Stop();
   stopping_ = true;
   if (mounted_) {
     fuse_session_exit(session_);
@@ -448,158 +399,21 @@ void FleetFs::Impl::Init(void* userdata, fuse_conn_info* conn) {
 void FleetFs::Impl::Publish(std::shared_ptr<const ServingView> view) {
   MonoTime now = Now();
   std::shared_ptr<const ServingView> old = view_.exchange(view, std::memory_order_acq_rel);
-  std::vector<ServedRange> withdrawn = old->WithdrawnBy(*view, now);
-  std::vector<ServedRange> claimed = view->WithdrawnBy(*old, now);  // served anew
-  std::lock_guard lock(fence_mu_);
-  std::erase_if(old_views_, [](const auto& w) { return w.expired(); });
-  old_views_.push_back(old);
-  old.reset();
-  if (!withdrawn.empty() || !claimed.empty()) {
-    fence_jobs_.push_back(FenceJob{std::move(withdrawn), std::move(claimed), {}});
-    ++fences_queued_;
-    fence_cv_.notify_all();
-  }
+  fence_.Replaced(std::move(old), *view, now);
 }
 
-void FleetFs::Impl::QueueFence(FenceJob job) {
-  std::lock_guard lock(fence_mu_);
-  fence_jobs_.push_back(std::move(job));
-  ++fences_queued_;
-  fence_cv_.notify_all();
-}
-
-void FleetFs::Impl::WaitForFences() {
-  std::unique_lock lock(fence_mu_);
-  std::uint64_t target = fences_queued_;
-  fence_cv_.wait(lock, [&] { return fences_done_ >= target || fence_stop_; });
-}
-
-void FleetFs::Impl::FenceLoop() {
-  std::unique_lock lock(fence_mu_);
-  while (true) {
-    fence_cv_.wait(lock, [&] { return fence_stop_ || !fence_jobs_.empty(); });
-    if (fence_jobs_.empty()) return;
-    FenceJob job = std::move(fence_jobs_.front());
-    fence_jobs_.pop_front();
-    lock.unlock();
-    RunFence(job);
-    lock.lock();
-    ++fences_done_;
-    fence_cv_.notify_all();
-  }
-}
-
-void FleetFs::Impl::RunFence(const FenceJob& job) {
-  MonoTime started = Now();
-  if (!job.ranges.empty() || !job.claimed.empty()) {
-    // Operations that loaded an older view may still be writing: the fence
-    // counts as done only once each of them has finished or failed.
-    int polls = 0;
-    while (true) {
-      bool busy = false;
-      {
-        std::lock_guard lock(fence_mu_);
-        std::erase_if(old_views_, [](const auto& w) { return w.expired(); });
-        busy = !old_views_.empty();
-      }
-      if (!busy) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      if (++polls % 5000 == 0) {  // every second
-        spdlog::warn("vfs: a fence still waits for operations in flight after {} s",
-                     polls / 5000);
-      }
+std::vector<FenceTarget> FleetFs::Impl::FilesIn(const std::vector<ServedRange>& ranges) {
+  std::vector<FenceTarget> targets;
+  for (const auto& inode : inodes_.In(ranges)) {
+    FenceTarget t{inode->ino, EntryName{BucketIno(inode->bucket), inode->name}, inode->file.role,
+                  std::nullopt};
+    struct stat st;
+    if (t.role == FileRole::kShm && ::fstat(inode->path_fd.get(), &st) == 0) {
+      t.size = static_cast<std::uint64_t>(st.st_size);
     }
+    targets.push_back(std::move(t));
   }
-  // Now no operation can reach these ranges' files. Tell the kernel to
-  // forget their names and pages, from this thread, which answers no request.
-  struct Target {
-    fuse_ino_t ino;
-    fuse_ino_t parent;
-    std::string name;
-    bool drop_pages;
-  };
-  std::vector<Target> targets;
-  {
-    std::lock_guard lock(inodes_mu_);
-    for (const auto& [ino, inode] : inodes_) {
-      for (const ServedRange& r : job.ranges) {
-        if (inode->file.slot >= r.first && inode->file.slot <= r.last) {
-          // Dropping the -shm pages would unmap SQLite's shared memory under
-          // a fenced process (SIGBUS); its header is made stale instead.
-          targets.push_back({ino, kFirstBucketIno + static_cast<fuse_ino_t>(inode->bucket),
-                             inode->name, inode->file.role != FileRole::kShm});
-          break;
-        }
-      }
-    }
-  }
-  for (const Target& t : targets) {
-    fuse_lowlevel_notify_inval_entry(session_, t.parent, t.name.c_str(), t.name.size());
-    if (t.drop_pages) {
-      fuse_lowlevel_notify_inval_inode(session_, t.ino, 0, 0);
-    } else {
-      StaleWalIndex(t.ino);
-    }
-  }
-  for (const auto& [parent, name] : job.entries) {
-    fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
-  }
-  if (!job.claimed.empty()) {
-    // Absent names cached while these ranges were served before must not
-    // hide files that are there now.
-    std::vector<std::pair<fuse_ino_t, std::string>> absent;
-    {
-      std::lock_guard lock(negative_mu_);
-      const MonoTime now = Now();
-      std::erase_if(negative_, [&](const auto& entry) {
-        const NegativeName& n = entry.second;
-        if (n.until <= now) return true;
-        for (const ServedRange& r : job.claimed) {
-          if (n.slot >= r.first && n.slot <= r.last) {
-            absent.emplace_back(n.parent, entry.first.substr(0, entry.first.find('\0')));
-            return true;
-          }
-        }
-        return false;
-      });
-    }
-    for (const auto& [parent, name] : absent) {
-      fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
-    }
-    if (!absent.empty()) {
-      spdlog::info("vfs: a claim made the kernel forget {} cached absent names", absent.size());
-    }
-  }
-  if (!job.ranges.empty()) {
-    auto took = std::chrono::duration_cast<std::chrono::microseconds>(Now() - started);
-    stats_.fences.fetch_add(job.ranges.size(), std::memory_order_relaxed);
-    for (const ServedRange& r : job.ranges) {
-      std::size_t open = OpenHandlesIn(r.first, r.last);
-      stats_.handles_fenced.fetch_add(open, std::memory_order_relaxed);
-      spdlog::info("vfs: fenced range {}-{} epoch {}: {} open handles, {} names forgotten, in {} us",
-                   r.first, r.last, r.token.epoch, open, targets.size(), took.count());
-    }
-  }
-}
-
-// A WAL reader whose wal-index header is unchanged reads from its own cache
-// and the -shm mapping, without one file operation, so a fence alone would
-// not stop it. Zeroing both header copies in the kernel's cached page (not in
-// the backing file, which stays as it was) makes every connection's next
-// transaction recover the index from the -wal file, and that read fails with
-// ESTALE. A connection of a later serving period recovers it correctly.
-void FleetFs::Impl::StaleWalIndex(fuse_ino_t ino) {
-  constexpr std::size_t kWalIndexHeaders = 2 * 48;
-  auto inode = FindInode(ino);
-  struct stat st;
-  if (inode == nullptr || ::fstat(inode->path_fd.get(), &st) != 0 ||
-      st.st_size < static_cast<off_t>(kWalIndexHeaders)) {
-    return;  // nothing cached that a reader could trust, and the size must not grow
-  }
-  static const char kZeros[kWalIndexHeaders] = {};
-  fuse_bufvec buf = FUSE_BUFVEC_INIT(kWalIndexHeaders);
-  buf.buf[0].mem = const_cast<char*>(kZeros);
-  fuse_lowlevel_notify_store(session_, ino, 0, &buf, static_cast<fuse_buf_copy_flags>(0));
+  return targets;
 }
 
 // ---- inodes and attributes ----
@@ -646,79 +460,11 @@ int FleetFs::Impl::StatBucket(int bucket, struct stat* st) {
     *st = root_stat_;
     st->st_nlink = 2;
   }
-  st->st_ino = kFirstBucketIno + static_cast<fuse_ino_t>(bucket);
+  st->st_ino = BucketIno(bucket);
   return 0;
 }
 
-void FleetFs::Impl::ControlAttr(fuse_ino_t ino, struct stat* st) const {
-  *st = {};
-  st->st_ino = ino;
-  st->st_uid = 0;
-  st->st_gid = 0;
-  st->st_atim = st->st_mtim = st->st_ctim = root_stat_.st_mtim;
-  if (ino == kControlDirIno) {
-    st->st_mode = S_IFDIR | 0555;
-    st->st_nlink = 2;
-  } else {
-    // Made at open; the size is unknown until then (direct I/O reads to EOF).
-    st->st_mode = S_IFREG | 0444;
-    st->st_nlink = 1;
-  }
-}
-
-std::shared_ptr<FileInode> FleetFs::Impl::Remember(int bucket, std::string_view name,
-                                                   const FleetFile& file, UniqueFd path_fd,
-                                                   const struct stat& st) {
-  std::lock_guard lock(inodes_mu_);
-  auto key = std::make_pair(st.st_dev, st.st_ino);
-  auto it = by_backing_.find(key);
-  if (it != by_backing_.end()) {
-    auto& inode = inodes_.at(it->second);
-    ++inode->nlookup;
-    return inode;
-  }
-  auto inode = std::make_shared<FileInode>();
-  inode->ino = next_ino_++;
-  inode->bucket = bucket;
-  inode->name = std::string(name);
-  inode->file = file;
-  inode->dev = st.st_dev;
-  inode->backing_ino = st.st_ino;
-  inode->path_fd = std::move(path_fd);
-  inode->nlookup = 1;
-  inodes_.emplace(inode->ino, inode);
-  by_backing_.emplace(key, inode->ino);
-  return inode;
-}
-
-void FleetFs::Impl::ForgetOne(fuse_ino_t ino, uint64_t nlookup) {
-  if (ino < kFirstFileIno) return;  // fixed inodes are never forgotten
-  std::lock_guard lock(inodes_mu_);
-  auto it = inodes_.find(ino);
-  if (it == inodes_.end()) return;
-  auto& inode = it->second;
-  inode->nlookup -= std::min(nlookup, inode->nlookup);
-  if (inode->nlookup == 0) {
-    // Open handles keep their own reference to the inode.
-    by_backing_.erase(std::make_pair(inode->dev, inode->backing_ino));
-    inodes_.erase(it);
-  }
-}
-
 // ---- lookup ----
-
-bool FleetFs::Impl::RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot) {
-  const MonoTime now = Now();
-  std::lock_guard lock(negative_mu_);
-  if (negative_.size() >= kMaxNegativeNames) {
-    std::erase_if(negative_, [&](const auto& entry) { return entry.second.until <= now; });
-    if (negative_.size() >= kMaxNegativeNames) return false;
-  }
-  auto until = now + std::chrono::duration_cast<MonoTime::duration>(
-                         std::chrono::duration<double>(kEntryTimeout));
-  negative_[std::string(name) + '\0' + std::to_string(parent)] = NegativeName{parent, slot, until};
-  return true;
-}
 
 // An absent fleet name in a served slot is answered with a negative entry,
 // which the kernel caches: SQLite checks for a journal that is not there
@@ -732,7 +478,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   const ServedRange* served = view.accepting() ? view.Find(file->slot, Now()) : nullptr;
   if (served == nullptr) return ENOENT;
   const std::uint64_t epoch = served->token.epoch;
-  const fuse_ino_t parent = kFirstBucketIno + static_cast<fuse_ino_t>(bucket);
+  const fuse_ino_t parent = BucketIno(bucket);
   const bool main = file->role == FileRole::kMain && options_.hooks != nullptr;
   auto absent = [&] {
     if (main && !prepared) {
@@ -752,9 +498,9 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return ENOENT;  // a symlink or device is no fleet file
-  auto inode = Remember(bucket, name, *file, std::move(fd), st);
+  auto inode = inodes_.Remember(bucket, name, *file, std::move(fd), st);
   if (main && !prepared && NeedsPrepare(inode.get(), epoch)) {
-    ForgetOne(inode->ino, 1);  // the deferred lookup counts its own
+    inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
     Defer(req, parent, std::move(n), *file, epoch);
     return kDeferred;
   }
@@ -803,21 +549,21 @@ int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t 
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
   if (parent == kRootIno) {
-    if (n == kControlDirName) {
+    if (ControlFiles::Lookup(parent, n) == kControlDirIno) {
       e->ino = kControlDirIno;
-      ControlAttr(kControlDirIno, &e->attr);
+      e->attr = ControlFiles::Attr(kControlDirIno, root_stat_.st_mtim);
       return 0;
     }
     std::optional<int> bucket = ParseBucketName(n);
     if (!bucket) return ENOENT;
-    e->ino = kFirstBucketIno + static_cast<fuse_ino_t>(*bucket);
+    e->ino = BucketIno(*bucket);
     return StatBucket(*bucket, &e->attr);
   }
   if (parent == kControlDirIno) {
-    fuse_ino_t ino = n == kStatusName ? kStatusIno : n == kRangesName ? kRangesIno : 0;
+    fuse_ino_t ino = ControlFiles::Lookup(parent, n);
     if (ino == 0) return ENOENT;
     e->ino = ino;
-    ControlAttr(ino, &e->attr);
+    e->attr = ControlFiles::Attr(ino, root_stat_.st_mtim);
     // Never cached: each open makes the content anew.
     e->attr_timeout = 0;
     return 0;
@@ -840,12 +586,12 @@ void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
 }
 
 void FleetFs::Impl::Forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
-  Self(req).ForgetOne(ino, nlookup);
+  Self(req).inodes_.Forget(ino, nlookup);
   fuse_reply_none(req);
 }
 
 void FleetFs::Impl::ForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
-  for (size_t i = 0; i < count; ++i) Self(req).ForgetOne(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; ++i) Self(req).inodes_.Forget(forgets[i].ino, forgets[i].nlookup);
   fuse_reply_none(req);
 }
 
@@ -859,11 +605,11 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
     self.RootAttr(&st);
   } else if (IsBucketIno(ino)) {
     err = self.StatBucket(BucketOfIno(ino), &st);
-  } else if (ino == kControlDirIno || ino == kStatusIno || ino == kRangesIno) {
-    self.ControlAttr(ino, &st);
+  } else if (ControlFiles::Is(ino)) {
+    st = ControlFiles::Attr(ino, self.root_stat_.st_mtim);
   } else {
     auto view = self.View();
-    auto inode = self.FindInode(ino);
+    auto inode = self.inodes_.Find(ino);
     if (fi != nullptr) {
       FileHandle* h = HandleOf(fi);
       err = self.CheckHandle(*view, *h);
@@ -883,7 +629,7 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
                              struct stat* out) {
   if (ino < kFirstFileIno) return EPERM;  // the layout's directories are fixed
   auto view = View();  // held until the change reached the backing file
-  auto inode = FindInode(ino);
+  auto inode = inodes_.Find(ino);
   FileHandle* h = fi != nullptr ? HandleOf(fi) : nullptr;
   if (h != nullptr) {
     if (int err = CheckHandle(*view, *h); err != 0) return err;
@@ -993,13 +739,13 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
     FenceJob forget;
     for (std::string_view suffix : kSidecarSuffixes) {
       std::string sidecar = std::string(name) + std::string(suffix);
-      if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) forget.entries.emplace_back(parent, sidecar);
+      if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) forget.entries.push_back(EntryName{parent, sidecar});
     }
     spdlog::info("vfs: deleted tenant {}/{} (slot {}) and {} sidecars", BucketName(bucket), name,
                  file->slot, forget.entries.size());
     // The kernel may still hold the sidecars' names; they are forgotten from
     // the fence thread, since this thread is answering a request.
-    if (!forget.entries.empty()) QueueFence(std::move(forget));
+    if (!forget.entries.empty()) fence_.Queue(std::move(forget));
   }
   return 0;
 }
@@ -1015,14 +761,13 @@ void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) 
 
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
-  if (ino == kStatusIno || ino == kRangesIno) {
+  if (ControlFiles::IsFile(ino)) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY) {
       self.Failed(req, Op::kOpen, EACCES);
       return;
     }
     auto h = std::make_unique<VirtualHandle>();
-    const auto& make = ino == kStatusIno ? self.options_.status_json : self.options_.ranges_text;
-    if (make) h->content = make();
+    h->content = self.control_.Contents(ino);
     self.Keep(self.virtual_handles_, h.get());
     fi->fh = reinterpret_cast<uintptr_t>(h.release());
     fi->direct_io = 1;
@@ -1034,7 +779,7 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   auto view = self.View();
-  auto inode = self.FindInode(ino);
+  auto inode = self.inodes_.Find(ino);
   int err = 0;
   const ServedRange* served = nullptr;
   if (inode == nullptr) {
@@ -1113,7 +858,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   UniqueFd path_fd(::openat(bfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
   if (!path_fd.valid()) return errno;
   if (::fstat(fd.get(), &st) != 0) return errno;
-  auto inode = Remember(bucket, name, *file, std::move(path_fd), st);
+  auto inode = inodes_.Remember(bucket, name, *file, std::move(path_fd), st);
   if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(served->token.epoch);
   auto h = std::make_unique<FileHandle>();
   h->fd = std::move(fd);
@@ -1147,7 +892,7 @@ void FleetFs::Impl::Create(fuse_req_t req, fuse_ino_t parent, const char* name, 
 void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
   self.stats_.Count(Op::kRelease);
-  if (ino == kStatusIno || ino == kRangesIno) {
+  if (ControlFiles::IsFile(ino)) {
     self.Discard(self.virtual_handles_,
                  reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
   } else {
@@ -1169,7 +914,7 @@ void FleetFs::Impl::Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
 void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                          fuse_file_info* fi) {
   Impl& self = Self(req);
-  if (ino == kStatusIno || ino == kRangesIno) {
+  if (ControlFiles::IsFile(ino)) {
     const std::string& c = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh))->content;
     size_t start = std::min(static_cast<size_t>(off), c.size());
     // The reply is sent from a copy: once the kernel has it, the reader may
@@ -1260,14 +1005,13 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
   dir.entries.push_back({"..", kRootIno, S_IFDIR});
   if (ino == kRootIno) {
     for (int b = 0; b < kBucketCount; ++b) {
-      dir.entries.push_back({BucketName(b), kFirstBucketIno + static_cast<fuse_ino_t>(b), S_IFDIR});
+      dir.entries.push_back({BucketName(b), BucketIno(b), S_IFDIR});
     }
     dir.entries.push_back({std::string(kControlDirName), kControlDirIno, S_IFDIR});
     return 0;
   }
   if (ino == kControlDirIno) {
-    dir.entries.push_back({std::string(kStatusName), kStatusIno, S_IFREG});
-    dir.entries.push_back({std::string(kRangesName), kRangesIno, S_IFREG});
+    for (auto& entry : ControlFiles::List()) dir.entries.push_back(std::move(entry));
     return 0;
   }
   int bucket = BucketOfIno(ino);

@@ -90,5 +90,23 @@ TEST(ServingView, a_draining_view_admits_open_handles_but_says_it_accepts_nothin
   EXPECT_EQ(nothing.Find(1, kT0), nullptr);
 }
 
+TEST(ServingView, a_wal_index_handle_is_admitted_in_a_later_period_of_the_same_epoch) {
+  ServingView again = View({Range(0, 99, 5, 2, kT0 + seconds(10))});
+  // Opened in period 1, the range served again in period 2 at the same epoch.
+  EXPECT_TRUE(again.Admits(10, FileRole::kShm, ServingToken{5, 1}, kT0));
+  EXPECT_FALSE(again.Admits(10, FileRole::kMain, ServingToken{5, 1}, kT0));
+  EXPECT_FALSE(again.Admits(10, FileRole::kWal, ServingToken{5, 1}, kT0));
+  EXPECT_FALSE(again.Admits(10, FileRole::kJournal, ServingToken{5, 1}, kT0));
+}
+
+TEST(ServingView, a_wal_index_handle_is_not_admitted_under_a_new_epoch_or_after_the_lease_end) {
+  ServingView newer = View({Range(0, 99, 6, 3, kT0 + seconds(10))});
+  EXPECT_FALSE(newer.Admits(10, FileRole::kShm, ServingToken{5, 1}, kT0));
+  ServingView same = View({Range(0, 99, 5, 2, kT0 + seconds(10))});
+  EXPECT_FALSE(same.Admits(10, FileRole::kShm, ServingToken{5, 1}, kT0 + seconds(10)));
+  EXPECT_FALSE(same.Admits(100, FileRole::kShm, ServingToken{5, 2}, kT0));
+  EXPECT_FALSE(ServingView().Admits(10, FileRole::kShm, ServingToken{5, 2}, kT0));
+}
+
 }  // namespace
 }  // namespace fleetfs::vfs

@@ -14,10 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -30,6 +27,8 @@
 #include "vfs/fence.h"
 #include "vfs/inode_table.h"
 #include "vfs/negative_names.h"
+#include "vfs/permission.h"
+#include "vfs/refusal_log.h"
 
 namespace fleetfs::vfs {
 namespace {
@@ -41,26 +40,64 @@ constexpr double kEntryTimeout = 1.0;
 // Negative entries remembered at most; beyond, absent names are not cached.
 constexpr std::size_t kMaxNegativeNames = 100'000;
 
+// A refused name (a symlink where a bucket or fleet file should be) is logged
+// at most once a minute, and at most this many names are tracked.
+constexpr std::chrono::seconds kRefusalLogInterval{60};
+constexpr std::size_t kRefusalLogNames = 10'000;
+
 std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
-struct FileHandle {
+// What fi->fh points to. Every handler that takes a handle checks its kind
+// first: a local user can send any operation the kernel allows on any open
+// descriptor (fsync on a virtual file, readdir on nothing the mount listed),
+// and a handle taken for another kind would be memory misread as a file.
+enum class HandleKind : std::uint8_t { kFile, kVirtual, kDir };
+
+struct Handle {
+  explicit Handle(HandleKind k) : kind(k) {}
+  virtual ~Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  const HandleKind kind;
+};
+
+// An open fleet file. Owns its backing descriptor.
+struct FileHandle final : Handle {
+  static constexpr HandleKind kKind = HandleKind::kFile;
+  FileHandle() : Handle(kKind) {}
   UniqueFd fd;
   std::shared_ptr<FileInode> inode;
   ServingToken token;
   std::shared_ptr<TenantWatch> watch;  // replication's, for main, -wal and -journal
 };
 
-// DoLookupFile handed the request to the replicator; the reply comes later.
-constexpr int kDeferred = -1;
-
-struct VirtualHandle {
+// An open control file: its content, made at open.
+struct VirtualHandle final : Handle {
+  static constexpr HandleKind kKind = HandleKind::kVirtual;
+  VirtualHandle() : Handle(kKind) {}
   std::string content;
 };
 
-struct DirHandle {
+// An open directory: its listing, made at the first readdir.
+struct DirHandle final : Handle {
+  static constexpr HandleKind kKind = HandleKind::kDir;
+  DirHandle() : Handle(kKind) {}
   bool listed = false;
   std::vector<ControlFiles::Entry> entries;
 };
+
+// The handle of kind H behind `fi`, or nullptr when there is none or it is
+// of another kind.
+template <typename H>
+H* HandleAs(const fuse_file_info* fi) {
+  if (fi == nullptr || fi->fh == 0) return nullptr;
+  auto* h = reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh));
+  return h->kind == H::kKind ? static_cast<H*>(h) : nullptr;
+}
+
+// DoLookupFile or DoOpen handed the request to the replicator; the reply
+// comes later, from another thread.
+constexpr int kDeferred = -1;
 
 // The fence's way to the kernel: the session's notifications.
 class SessionNotifier final : public KernelNotifier {
@@ -83,6 +120,26 @@ class SessionNotifier final : public KernelNotifier {
   fuse_session** session_;  // the mount's; set before the fence thread starts
 };
 
+// An operation that reaches a backing file, from its first check to its
+// answer. DESIGN section 3: nothing is written to a backing file after its
+// range's local lease ends, so the operation is admitted again after
+// everything it waited for (replication's write gate, a WAL capture) and
+// right before the backing call, and a backing call that returned after the
+// lease end is answered ESTALE, never success.
+struct InFlight {
+  Slot slot = 0;
+  FileRole role = FileRole::kMain;
+  // A handle's token; for an operation by name, the token of the range that
+  // served the name at the first check (later checks need the same one).
+  std::optional<ServingToken> token;
+  bool by_name = false;
+  bool tenant_open = true;  // by name: the tenant has open handles (ServingView::ForName)
+  // Every view loaded: held until the operation is answered, so a fence
+  // waits for it.
+  std::vector<std::shared_ptr<const ServingView>> held;
+  MonoTime lease_end{};  // of the range that admitted it last
+};
+
 }  // namespace
 
 class FleetFs::Impl final : public FencedFiles {
@@ -93,6 +150,7 @@ class FleetFs::Impl final : public FencedFiles {
         negative_(kMaxNegativeNames,
                   std::chrono::duration_cast<MonoTime::duration>(
                       std::chrono::duration<double>(kEntryTimeout))),
+        refusals_(kRefusalLogInterval, kRefusalLogNames),
         notifier_(&session_),
         fence_(notifier_, *this, *options_.clock, stats_) {}
   ~Impl() override { Stop(); }
@@ -105,12 +163,12 @@ class FleetFs::Impl final : public FencedFiles {
   const VfsStats& stats() const { return stats_; }
   std::size_t OpenHandles() const {
     std::lock_guard lock(handles_mu_);
-    return handles_.size();
+    return file_handles_.size();
   }
   std::size_t OpenHandlesIn(Slot first, Slot last) override {
     std::lock_guard lock(handles_mu_);
     std::size_t n = 0;
-    for (const FileHandle* h : handles_) {
+    for (const FileHandle* h : file_handles_) {
       if (h->inode->file.slot >= first && h->inode->file.slot <= last) ++n;
     }
     return n;
@@ -170,44 +228,93 @@ class FleetFs::Impl final : public FencedFiles {
   bool Failed(fuse_req_t req, Op op, int err) {
     stats_.Count(op);
     if (err == 0) return false;
-    stats_.CountError(op, err);
-    if (err == ESTALE) stats_.fenced.fetch_add(1, std::memory_order_relaxed);
+    CountError(op, err);
     fuse_reply_err(req, err);
     return true;
   }
-
-  // The handle of an open fleet file, or ESTALE when its range is no longer
-  // served under the token it was opened with (ServingView's admission
-  // rule). `view` must stay held until the operation has reached the backing
-  // file.
-  static FileHandle* HandleOf(fuse_file_info* fi) {
-    return reinterpret_cast<FileHandle*>(static_cast<uintptr_t>(fi->fh));
-  }
-  int CheckHandle(const ServingView& view, const FileHandle& h) const {
-    return view.Admits(h.inode->file.slot, h.inode->file.role, h.token, Now()) ? 0 : ESTALE;
+  void CountError(Op op, int err) {
+    stats_.CountError(op, err);
+    if (err == ESTALE) stats_.fenced.fetch_add(1, std::memory_order_relaxed);
   }
 
+  // ---- admission (the rule itself is ServingView's) ----
+
+  // 0 when the handle's range still admits it under the current view (the
+  // view is held by `op`), else ESTALE.
+  int CheckHandle(InFlight& op, const FileHandle& h) {
+    op.slot = h.inode->file.slot;
+    op.role = h.inode->file.role;
+    op.token = h.token;
+    op.by_name = false;
+    return Admit(op);
+  }
+  // Loads the current view into `op` and admits the operation against it now.
+  int Admit(InFlight& op);
+  // After the backing call: 0 when it returned before the lease end it was
+  // admitted under (or the range is still served to it), else ESTALE.
+  int Landed(InFlight& op) { return Now() < op.lease_end ? 0 : Admit(op); }
+  // Whether a tenant (by its main file's path) has open handles: while the
+  // view drains, only such tenants may still look up, create and unlink.
+  bool TenantOpen(const std::string& main_path) const {
+    std::lock_guard lock(handles_mu_);
+    return open_tenants_.contains(main_path);
+  }
+  const ServedRange* ServingName(const ServingView& view, const FleetFile& file) const {
+    if (view.accepting()) return view.Find(file.slot, Now());
+    return view.ForName(file.slot, Now(), TenantOpen(file.main_path));
+  }
+  void BeforeBackingCall() {
+    if (options_.before_backing_write) options_.before_backing_write();
+  }
+
+  // ---- backing files ----
+
+  // The bucket's descriptor, or -errno (-ENOENT: not made yet, no file in it).
   int BucketFd(int bucket);
+  // As BucketFd, making the bucket when it is not there (creates only).
   int EnsureBucket(int bucket);
   int StatBucket(int bucket, struct stat* st);
   void RootAttr(struct stat* st) const;
+  // Opens `inode`'s backing file by its name in its bucket with `flags`,
+  // never following a symlink, and checks that it is still the file the
+  // inode was found as: ESTALE when the name is gone or names another file.
+  // No descriptor is kept per inode, so what the kernel caches costs none.
+  int OpenBacking(const FileInode& inode, int flags, UniqueFd* out);
+  // The same for its attributes.
+  int StatBacking(const FileInode& inode, struct stat* st);
+  // Says in the log (rate-limited per name) what was refused and why.
+  void Refused(const std::string& name, std::string_view why) {
+    refusals_.Refused(name, Now(), name + " " + std::string(why));
+  }
+  // What a backing name that is not a regular file gets: ENOENT (it is no
+  // fleet file), and a line in the log.
+  int NotAFleetFile(int bucket, std::string_view name, const struct stat& st);
+
+  // ---- operations ----
 
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
                fuse_entry_param* e, bool prepared);
   int DoLookupFile(fuse_req_t req, const ServingView& view, int bucket, std::string_view name,
                    fuse_entry_param* e, bool prepared);
   // A main file needs the replicator before it is exposed under `epoch`.
-  bool NeedsPrepare(const FileInode* inode, std::uint64_t epoch) const;
+  bool NeedsPrepare(const FileInode& inode, std::uint64_t epoch);
   void Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
              std::uint64_t epoch);
-  std::shared_ptr<TenantWatch> WatchOf(const FileInode& inode, std::uint64_t epoch) {
-    return options_.hooks ? options_.hooks->Watch(inode.file, epoch) : nullptr;
+  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared);
+  void DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
+                 std::uint64_t epoch);
+  void ReplyOpen(fuse_req_t req, fuse_file_info* fi);
+  std::shared_ptr<TenantWatch> WatchOf(const FleetFile& file, std::uint64_t epoch) {
+    return options_.hooks ? options_.hooks->Watch(file, epoch) : nullptr;
   }
   // Records a negative entry; false when too many are remembered to cache more.
   bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot) {
     std::lock_guard lock(negative_mu_);
     return negative_.Remember(parent, name, slot, Now());
   }
+  // Truncates an open handle's file to `size` through replication, under
+  // the lease rule.
+  int TruncateHandle(InFlight& op, FileHandle& h, off_t size);
   int DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi, fuse_entry_param* e);
   int DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi,
@@ -215,29 +322,35 @@ class FleetFs::Impl final : public FencedFiles {
   int DoUnlink(fuse_ino_t parent, const char* name);
   int ListDir(fuse_ino_t ino, DirHandle& dir);
 
-  // Virtual-file and directory handles, kept so Stop can free what the
-  // kernel never releases.
-  template <typename H>
-  void Keep(std::unordered_set<H*>& set, H* h) {
-    std::lock_guard lock(other_handles_mu_);
-    set.insert(h);
-  }
-  template <typename H>
-  void Discard(std::unordered_set<H*>& set, H* h) {
-    {
-      std::lock_guard lock(other_handles_mu_);
-      set.erase(h);
-    }
-    delete h;
-  }
+  // ---- handles ----
 
-  void AddHandle(FileHandle* h) {
+  // Every handle given to the kernel is kept here, so Stop can free what the
+  // kernel never releases.
+  void AddHandle(Handle* h) {
     std::lock_guard lock(handles_mu_);
-    handles_.insert(h);
+    if (h->kind == HandleKind::kFile) {
+      auto* f = static_cast<FileHandle*>(h);
+      file_handles_.insert(f);
+      ++open_tenants_[f->inode->file.main_path];
+    } else {
+      other_handles_.insert(h);
+    }
   }
-  void RemoveHandle(FileHandle* h) {
-    std::lock_guard lock(handles_mu_);
-    handles_.erase(h);
+  // Forgets and frees `h`.
+  void DropHandle(Handle* h) {
+    {
+      std::lock_guard lock(handles_mu_);
+      if (h->kind == HandleKind::kFile) {
+        auto* f = static_cast<FileHandle*>(h);
+        if (file_handles_.erase(f) != 0) {
+          auto it = open_tenants_.find(f->inode->file.main_path);
+          if (it != open_tenants_.end() && --it->second == 0) open_tenants_.erase(it);
+        }
+      } else {
+        other_handles_.erase(h);
+      }
+    }
+    delete h;  // a file handle closes its backing descriptor; no write happens on close
   }
 
   MountOptions options_;
@@ -257,12 +370,12 @@ class FleetFs::Impl final : public FencedFiles {
   std::mutex negative_mu_;  // guards negative_; taken alone
   NegativeNames negative_;
 
-  mutable std::mutex handles_mu_;  // guards handles_; taken alone
-  std::unordered_set<FileHandle*> handles_;
-  // Handles the kernel never releases when the session ends with them open.
-  std::mutex other_handles_mu_;  // guards the two sets below; taken alone
-  std::unordered_set<VirtualHandle*> virtual_handles_;
-  std::unordered_set<DirHandle*> dir_handles_;
+  RefusalLog refusals_;
+
+  mutable std::mutex handles_mu_;  // guards the three below; taken alone
+  std::unordered_set<FileHandle*> file_handles_;
+  std::unordered_set<Handle*> other_handles_;
+  std::unordered_map<std::string, int> open_tenants_;  // main path -> open file handles
 
   fuse_session* session_ = nullptr;
   SessionNotifier notifier_;
@@ -370,15 +483,11 @@ void FleetFs::Impl::Stop() {
   // The session is gone: the kernel will not release what is still open.
   {
     std::lock_guard lock(handles_mu_);
-    for (FileHandle* h : handles_) delete h;
-    handles_.clear();
-  }
-  {
-    std::lock_guard lock(other_handles_mu_);
-    for (VirtualHandle* h : virtual_handles_) delete h;
-    for (DirHandle* h : dir_handles_) delete h;
-    virtual_handles_.clear();
-    dir_handles_.clear();
+    for (FileHandle* h : file_handles_) delete h;
+    for (Handle* h : other_handles_) delete h;
+    file_handles_.clear();
+    other_handles_.clear();
+    open_tenants_.clear();
   }
   for (auto& fd : bucket_fds_) {
     int old = fd.exchange(-1);
@@ -408,7 +517,7 @@ std::vector<FenceTarget> FleetFs::Impl::FilesIn(const std::vector<ServedRange>& 
     FenceTarget t{inode->ino, EntryName{BucketIno(inode->bucket), inode->name}, inode->file.role,
                   std::nullopt};
     struct stat st;
-    if (t.role == FileRole::kShm && ::fstat(inode->path_fd.get(), &st) == 0) {
+    if (t.role == FileRole::kShm && StatBacking(*inode, &st) == 0) {
       t.size = static_cast<std::uint64_t>(st.st_size);
     }
     targets.push_back(std::move(t));
@@ -416,14 +525,40 @@ std::vector<FenceTarget> FleetFs::Impl::FilesIn(const std::vector<ServedRange>& 
   return targets;
 }
 
-// ---- inodes and attributes ----
+int FleetFs::Impl::Admit(InFlight& op) {
+  auto view = View();
+  const MonoTime now = Now();
+  const ServedRange* range = nullptr;
+  if (!op.by_name) {
+    range = view->Admitting(op.slot, op.role, *op.token, now);
+  } else {
+    range = view->ForName(op.slot, now, op.tenant_open);
+    if (range != nullptr && op.token && range->token != *op.token) range = nullptr;
+    if (range != nullptr && !op.token) op.token = range->token;
+  }
+  if (range != nullptr) op.lease_end = range->valid_until;
+  op.held.push_back(std::move(view));
+  return range != nullptr ? 0 : ESTALE;
+}
+
+// ---- backing files ----
 
 int FleetFs::Impl::BucketFd(int bucket) {
   int fd = bucket_fds_[bucket].load(std::memory_order_acquire);
   if (fd >= 0) return fd;
   std::string name = BucketName(bucket);
   fd = ::openat(root_fd_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return -1;  // not made yet: no file in it
+  if (fd < 0) {
+    int err = errno;
+    if (err == ELOOP || err == ENOTDIR) {
+      Refused(name, "in the backing directory is a symlink or not a directory: refused, its "
+                    "files stay hidden (buckets must be directories in the backing root)");
+    } else if (err != ENOENT) {
+      Refused(name, std::string("in the backing directory cannot be opened: ") +
+                        std::strerror(err));
+    }
+    return -err;
+  }
   int expected = -1;
   if (!bucket_fds_[bucket].compare_exchange_strong(expected, fd)) {
     ::close(fd);
@@ -434,13 +569,14 @@ int FleetFs::Impl::BucketFd(int bucket) {
 
 // The backing bucket directory is made with the first file in it (see
 // OpenOrMakeBucket: the root's owner and mode, so whoever may create in the
-// root may create in every bucket).
+// root may create in every bucket). Only a create makes one: a lookup never
+// creates anything.
 int FleetFs::Impl::EnsureBucket(int bucket) {
   int fd = BucketFd(bucket);
   if (fd >= 0) return fd;
   auto made = OpenOrMakeBucket(root_fd_.get(), bucket);
   if (!made.ok()) {
-    spdlog::warn("vfs: {}", made.status().message());
+    Refused(BucketName(bucket), "refused a create: " + made.status().message());
     return -EIO;
   }
   made->Reset();
@@ -464,6 +600,37 @@ int FleetFs::Impl::StatBucket(int bucket, struct stat* st) {
   return 0;
 }
 
+int FleetFs::Impl::OpenBacking(const FileInode& inode, int flags, UniqueFd* out) {
+  int bfd = BucketFd(inode.bucket);
+  if (bfd < 0) return ESTALE;
+  UniqueFd fd(::openat(bfd, inode.name.c_str(), flags | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return errno == ENOENT || errno == ELOOP ? ESTALE : errno;
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return errno;
+  if (st.st_dev != inode.dev || st.st_ino != inode.backing_ino) return ESTALE;  // replaced
+  *out = std::move(fd);
+  return 0;
+}
+
+int FleetFs::Impl::StatBacking(const FileInode& inode, struct stat* st) {
+  int bfd = BucketFd(inode.bucket);
+  if (bfd < 0) return ESTALE;
+  if (::fstatat(bfd, inode.name.c_str(), st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? ESTALE : errno;
+  }
+  if (st->st_dev != inode.dev || st->st_ino != inode.backing_ino) return ESTALE;
+  return 0;
+}
+
+int FleetFs::Impl::NotAFleetFile(int bucket, std::string_view name, const struct stat& st) {
+  Refused(BucketName(bucket) + "/" + std::string(name),
+          S_ISLNK(st.st_mode)
+              ? "in the backing directory is a symlink: refused, answered ENOENT (a fleet file "
+                "is a regular file; a symlink could lead out of the backing root)"
+              : "in the backing directory is not a regular file: refused, answered ENOENT");
+  return ENOENT;
+}
+
 // ---- lookup ----
 
 // An absent fleet name in a served slot is answered with a negative entry,
@@ -475,7 +642,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
                                 std::string_view name, fuse_entry_param* e, bool prepared) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
-  const ServedRange* served = view.accepting() ? view.Find(file->slot, Now()) : nullptr;
+  const ServedRange* served = ServingName(view, *file);
   if (served == nullptr) return ENOENT;
   const std::uint64_t epoch = served->token.epoch;
   const fuse_ino_t parent = BucketIno(bucket);
@@ -491,15 +658,16 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
     return 0;
   };
   int bfd = BucketFd(bucket);
-  if (bfd < 0) return absent();
+  if (bfd == -ENOENT) return absent();
+  if (bfd < 0) return ENOENT;  // a broken bucket (logged): its files are hidden
   std::string n(name);
-  UniqueFd fd(::openat(bfd, n.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return errno == ENOENT ? absent() : errno;
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return errno;
-  if (!S_ISREG(st.st_mode)) return ENOENT;  // a symlink or device is no fleet file
-  auto inode = inodes_.Remember(bucket, name, *file, std::move(fd), st);
-  if (main && !prepared && NeedsPrepare(inode.get(), epoch)) {
+  if (::fstatat(bfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? absent() : errno;
+  }
+  if (!S_ISREG(st.st_mode)) return NotAFleetFile(bucket, name, st);
+  auto inode = inodes_.Remember(bucket, name, *file, st);
+  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
     inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
     Defer(req, parent, std::move(n), *file, epoch);
     return kDeferred;
@@ -513,11 +681,13 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   return 0;
 }
 
-bool FleetFs::Impl::NeedsPrepare(const FileInode* inode, std::uint64_t epoch) const {
-  if (inode->exposed_epoch.load() >= epoch) return false;
+bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
+  if (inode.exposed_epoch.load() >= epoch) return false;
   // The stamp is read here, on the FUSE thread: a local call, and the common
   // answer ("already stamped for this epoch") needs nothing more.
-  return ReadEpochStamp(inode->path_fd.get()).value_or(0) < epoch;
+  UniqueFd fd;
+  if (OpenBacking(inode, O_PATH, &fd) != 0) return true;  // the replicator decides
+  return ReadEpochStamp(fd.get()).value_or(0) < epoch;
 }
 
 void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
@@ -607,17 +777,18 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
     err = self.StatBucket(BucketOfIno(ino), &st);
   } else if (ControlFiles::Is(ino)) {
     st = ControlFiles::Attr(ino, self.root_stat_.st_mtim);
+  } else if (FileHandle* h = HandleAs<FileHandle>(fi); h != nullptr) {
+    InFlight op;
+    err = self.CheckHandle(op, *h);
+    if (err == 0 && ::fstat(h->fd.get(), &st) != 0) err = errno;
+    st.st_ino = ino;
   } else {
     auto view = self.View();
     auto inode = self.inodes_.Find(ino);
-    if (fi != nullptr) {
-      FileHandle* h = HandleOf(fi);
-      err = self.CheckHandle(*view, *h);
-      if (err == 0 && ::fstat(h->fd.get(), &st) != 0) err = errno;
-    } else if (inode == nullptr || view->Find(inode->file.slot, self.Now()) == nullptr) {
+    if (inode == nullptr || view->Find(inode->file.slot, self.Now()) == nullptr) {
       err = ESTALE;
-    } else if (::fstat(inode->path_fd.get(), &st) != 0) {
-      err = errno;
+    } else {
+      err = self.StatBacking(*inode, &st);
     }
     st.st_ino = ino;
   }
@@ -625,38 +796,66 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   fuse_reply_attr(req, &st, kEntryTimeout);
 }
 
+int FleetFs::Impl::TruncateHandle(InFlight& op, FileHandle& h, off_t size) {
+  // Replication sees the change first, and may make it wait (a snapshot's
+  // write gate): admitted again after that, and once more after it landed.
+  WriteGuard guard;
+  if (h.watch) guard = h.watch->BeforeTruncate(h.inode->file.role, static_cast<std::uint64_t>(size));
+  if (int err = Admit(op); err != 0) return err;
+  BeforeBackingCall();
+  if (::ftruncate(h.fd.get(), size) != 0) return errno;
+  return Landed(op);
+}
+
 int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi,
                              struct stat* out) {
-  if (ino < kFirstFileIno) return EPERM;  // the layout's directories are fixed
-  auto view = View();  // held until the change reached the backing file
-  auto inode = inodes_.Find(ino);
-  FileHandle* h = fi != nullptr ? HandleOf(fi) : nullptr;
+  if (ino < kFirstFileIno) return EPERM;  // the layout's directories and control files are fixed
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (fi != nullptr && fi->fh != 0 && h == nullptr) return EBADF;
+  std::shared_ptr<FileInode> inode = h != nullptr ? h->inode : inodes_.Find(ino);
+  if (inode == nullptr) return ESTALE;
+  // Held until the change reached the backing file. Without a handle, the
+  // range serving the file now admits the change, and every later check
+  // needs the same token: one range, read once.
+  InFlight op;
   if (h != nullptr) {
-    if (int err = CheckHandle(*view, *h); err != 0) return err;
-    inode = h->inode;
-  } else if (inode == nullptr || view->Find(inode->file.slot, Now()) == nullptr) {
-    return ESTALE;
+    if (int err = CheckHandle(op, *h); err != 0) return err;
+  } else {
+    op.slot = inode->file.slot;
+    op.role = inode->file.role;
+    op.by_name = true;
+    if (Admit(op) != 0) return ESTALE;
   }
-  std::string proc = ProcPath(inode->path_fd.get());
+  // The file itself: the handle's descriptor, or the name, checked to still
+  // be the file the kernel knows.
+  UniqueFd by_name;
+  if (h == nullptr) {
+    if (int err = OpenBacking(*inode, O_PATH, &by_name); err != 0) return err;
+  }
+  const int fd = h != nullptr ? h->fd.get() : by_name.get();
+  std::string proc = ProcPath(fd);
   if (to_set & FUSE_SET_ATTR_MODE) {
     if (::chmod(proc.c_str(), attr->st_mode & 07777) != 0) return errno;
   }
   if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
     uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : static_cast<uid_t>(-1);
     gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : static_cast<gid_t>(-1);
-    if (::fchownat(inode->path_fd.get(), "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
-      return errno;
-    }
+    if (::fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
   }
   if (to_set & FUSE_SET_ATTR_SIZE) {
-    std::shared_ptr<TenantWatch> watch =
-        h != nullptr ? h->watch
-                     : WatchOf(*inode, view->Find(inode->file.slot, Now())->token.epoch);
-    WriteGuard guard;
-    if (watch) guard = watch->BeforeTruncate(inode->file.role, static_cast<std::uint64_t>(attr->st_size));
-    int rc = h != nullptr ? ::ftruncate(h->fd.get(), attr->st_size)
-                          : ::truncate(proc.c_str(), attr->st_size);
-    if (rc != 0) return errno;
+    if (h != nullptr) {
+      if (int err = TruncateHandle(op, *h, attr->st_size); err != 0) return err;
+    } else {
+      std::shared_ptr<TenantWatch> watch = WatchOf(inode->file, op.token->epoch);
+      WriteGuard guard;
+      if (watch) {
+        guard = watch->BeforeTruncate(inode->file.role, static_cast<std::uint64_t>(attr->st_size));
+      }
+      if (int err = Admit(op); err != 0) return err;
+      BeforeBackingCall();
+      if (::truncate(proc.c_str(), attr->st_size) != 0) return errno;
+      if (int err = Landed(op); err != 0) return err;
+    }
   }
   if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
     struct timespec tv[2];
@@ -668,7 +867,7 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
     else if (to_set & FUSE_SET_ATTR_MTIME) tv[1] = attr->st_mtim;
     if (::utimensat(AT_FDCWD, proc.c_str(), tv, 0) != 0) return errno;
   }
-  if (::fstat(inode->path_fd.get(), out) != 0) return errno;
+  if (::fstat(fd, out) != 0) return errno;
   out->st_ino = ino;
   return 0;
 }
@@ -711,35 +910,44 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
   int bucket = BucketOfIno(parent);
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;
-  auto view = View();
-  const ServedRange* served = view->accepting() ? view->Find(file->slot, Now()) : nullptr;
-  if (served == nullptr) return ENOENT;
+  InFlight op;
+  op.slot = file->slot;
+  op.role = file->role;
+  op.by_name = true;
+  op.tenant_open = TenantOpen(file->main_path);
+  if (Admit(op) != 0) return ENOENT;
+  const std::uint64_t epoch = op.token->epoch;
   int bfd = BucketFd(bucket);
   if (bfd < 0) return ENOENT;
   // Only regular files are fleet files; anything else stays hidden.
   struct stat st;
   if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
-  if (!S_ISREG(st.st_mode)) return ENOENT;
+  if (!S_ISREG(st.st_mode)) return NotAFleetFile(bucket, name, st);
   {
     // Deleting a WAL is the last moment to capture its commits; finishing a
-    // journal is a commit.
+    // journal is a commit. Replication may make the unlink wait.
     std::shared_ptr<TenantWatch> watch;
-    if (options_.hooks && file->role != FileRole::kMain) {
-      watch = options_.hooks->Watch(*file, served->token.epoch);
-    }
+    if (file->role != FileRole::kMain) watch = WatchOf(*file, epoch);
     WriteGuard guard;
     if (watch) guard = watch->BeforeUnlink(file->role);
+    if (int err = Admit(op); err != 0) return err;
+    BeforeBackingCall();
     if (::unlinkat(bfd, name, 0) != 0) return errno;
+    // Landed after the lease end: no more changes (no sidecars removed, no
+    // tombstone), and the caller is not told it succeeded.
+    if (int err = Landed(op); err != 0) return err;
   }
   if (file->role == FileRole::kMain && options_.hooks) {
-    options_.hooks->Deleted(*file, served->token.epoch);  // a tombstone: not restored behind the user
+    options_.hooks->Deleted(*file, epoch);  // a tombstone: not restored behind the user
   }
   if (file->role == FileRole::kMain) {
     // Deleting the main file deletes the tenant: its sidecars go with it.
     FenceJob forget;
     for (std::string_view suffix : kSidecarSuffixes) {
       std::string sidecar = std::string(name) + std::string(suffix);
-      if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) forget.entries.push_back(EntryName{parent, sidecar});
+      if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) {
+        forget.entries.push_back(EntryName{parent, sidecar});
+      }
     }
     spdlog::info("vfs: deleted tenant {}/{} (slot {}) and {} sidecars", BucketName(bucket), name,
                  file->slot, forget.entries.size());
@@ -759,58 +967,86 @@ void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) 
 
 // ---- open, create, release ----
 
+int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared) {
+  auto inode = inodes_.Find(ino);
+  if (inode == nullptr) return ino < kFirstFileIno ? EISDIR : ESTALE;
+  InFlight op;
+  op.slot = inode->file.slot;
+  op.role = inode->file.role;
+  op.by_name = true;
+  op.tenant_open = TenantOpen(inode->file.main_path);
+  if (Admit(op) != 0) return ESTALE;
+  const std::uint64_t epoch = op.token->epoch;
+  const bool main = inode->file.role == FileRole::kMain && options_.hooks != nullptr;
+  // An inode the kernel kept (an open descriptor, reopened through
+  // /proc/PID/fd/N) skips the lookup: a main file not prepared for the epoch
+  // served now goes through the same check as a lookup before it is opened.
+  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
+    DeferOpen(req, ino, *fi, inode->file, epoch);
+    return kDeferred;
+  }
+  if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
+  auto h = std::make_unique<FileHandle>();
+  // O_TRUNC is done below, through replication and under the lease rule.
+  int flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW | O_TRUNC);
+  if (int err = OpenBacking(*inode, flags, &h->fd); err != 0) return err;
+  h->inode = inode;
+  h->token = *op.token;
+  h->watch = WatchOf(inode->file, epoch);
+  if (fi->flags & O_TRUNC) {
+    if (int err = TruncateHandle(op, *h, 0); err != 0) return err;
+  }
+  // Every process goes through this mount, so cached pages stay true; a
+  // fence drops them.
+  fi->keep_cache = 1;
+  AddHandle(h.get());
+  fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
+  return 0;
+}
+
+void FleetFs::Impl::ReplyOpen(fuse_req_t req, fuse_file_info* fi) {
+  if (fuse_reply_open(req, fi) != 0) {
+    // The opener was interrupted: the kernel will not release this handle.
+    DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
+  }
+}
+
+void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
+                              const FleetFile& file, std::uint64_t epoch) {
+  stats_.Count(Op::kOpen);
+  // As Defer: the reply comes from the replicator's thread, with a copy of
+  // the request's file info (the handler's is gone by then).
+  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi](int err) mutable {
+    if (err == 0) err = DoOpen(req, ino, &info, /*prepared=*/true);
+    if (err != 0) {
+      CountError(Op::kOpen, err);
+      fuse_reply_err(req, err);
+      return;
+    }
+    ReplyOpen(req, &info);
+  });
+}
+
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
   if (ControlFiles::IsFile(ino)) {
-    if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
       self.Failed(req, Op::kOpen, EACCES);
       return;
     }
     auto h = std::make_unique<VirtualHandle>();
     h->content = self.control_.Contents(ino);
-    self.Keep(self.virtual_handles_, h.get());
-    fi->fh = reinterpret_cast<uintptr_t>(h.release());
+    self.AddHandle(h.get());
+    fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
     fi->direct_io = 1;
     self.stats_.Count(Op::kOpen);
-    if (fuse_reply_open(req, fi) != 0) {  // interrupted: no release will come
-      self.Discard(self.virtual_handles_,
-                   reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
-    }
+    self.ReplyOpen(req, fi);
     return;
   }
-  auto view = self.View();
-  auto inode = self.inodes_.Find(ino);
-  int err = 0;
-  const ServedRange* served = nullptr;
-  if (inode == nullptr) {
-    err = ino < kFirstFileIno ? EISDIR : ESTALE;
-  } else if (served = view->Find(inode->file.slot, self.Now());
-             served == nullptr || !view->accepting()) {
-    err = ESTALE;
-  }
-  auto h = std::make_unique<FileHandle>();
-  if (err == 0) {
-    // The descriptor is reopened through /proc, which is a symlink: O_NOFOLLOW
-    // was already honoured by the lookup (only regular files are visible).
-    int flags = (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC;
-    h->fd = UniqueFd(::open(ProcPath(inode->path_fd.get()).c_str(), flags));
-    if (!h->fd.valid()) err = errno;
-  }
+  int err = self.DoOpen(req, ino, fi, /*prepared=*/false);
+  if (err == kDeferred) return;
   if (self.Failed(req, Op::kOpen, err)) return;
-  h->inode = inode;
-  h->token = served->token;
-  h->watch = self.WatchOf(*inode, served->token.epoch);
-  // Every process goes through this mount, so cached pages stay true; a
-  // fence drops them.
-  fi->keep_cache = 1;
-  self.AddHandle(h.get());
-  fi->fh = reinterpret_cast<uintptr_t>(h.release());
-  if (fuse_reply_open(req, fi) != 0) {
-    // The opener was interrupted: the kernel will not release this handle.
-    FileHandle* lost = HandleOf(fi);
-    self.RemoveHandle(lost);
-    delete lost;
-  }
+  self.ReplyOpen(req, fi);
 }
 
 int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -819,9 +1055,13 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   int bucket = BucketOfIno(parent);
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return EPERM;  // not a fleet file: no such file may exist here
-  auto view = View();  // held until the file exists with its stamp
-  const ServedRange* served = view->Find(file->slot, Now());
-  if (served == nullptr || !view->accepting()) return EREMOTE;  // another host's slot
+  InFlight op;  // held until the file exists with its stamp
+  op.slot = file->slot;
+  op.role = file->role;
+  op.by_name = true;
+  op.tenant_open = TenantOpen(file->main_path);
+  if (Admit(op) != 0) return EREMOTE;  // another host's slot, or a new tenant while draining
+  const std::uint64_t epoch = op.token->epoch;
   if (!options_.allow_create && file->role == FileRole::kMain) {
     struct stat st;
     int bfd = BucketFd(bucket);
@@ -829,42 +1069,76 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   }
   int bfd = EnsureBucket(bucket);
   if (bfd < 0) return -bfd;
-  // O_EXCL first, to know whether this call made the file.
-  int flags = (fi->flags & ~(O_NOCTTY | O_CREAT | O_EXCL)) | O_NOFOLLOW | O_CLOEXEC;
+  if (int err = Admit(op); err != 0) return err;  // right before the backing call
+  // O_EXCL first, to know whether this call made the file. O_TRUNC is done
+  // below, through replication, for a file that was there.
+  int flags = (fi->flags & ~(O_NOCTTY | O_CREAT | O_EXCL | O_TRUNC)) | O_NOFOLLOW | O_CLOEXEC;
   UniqueFd fd(::openat(bfd, name, flags | O_CREAT | O_EXCL, mode & 07777));
-  bool created = fd.valid();
-  if (!created && errno == EEXIST && !(fi->flags & O_EXCL)) {
-    fd = UniqueFd(::openat(bfd, name, flags));
-  }
-  if (!fd.valid()) return errno;
+  const bool created = fd.valid();
+  const fuse_ctx* ctx = fuse_req_ctx(req);
   struct stat st;
+  if (!created) {
+    if (errno != EEXIST || (fi->flags & O_EXCL)) return errno;
+    // The file is there although the kernel believed the name absent (a
+    // negative entry older than the file, or a create racing a lookup): the
+    // kernel checked only the directory, and this process is root. So check
+    // as the kernel would, against the file found, before opening it.
+    if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
+    if (!S_ISREG(st.st_mode)) return NotAFleetFile(bucket, name, st);
+    Caller caller{ctx->uid, ctx->gid, {}};
+    gid_t groups[64];
+    int n = fuse_req_getgroups(req, 64, groups);
+    if (n > 64) {
+      caller.groups.resize(static_cast<std::size_t>(n));
+      n = fuse_req_getgroups(req, n, caller.groups.data());
+      caller.groups.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    } else if (n > 0) {
+      caller.groups.assign(groups, groups + n);
+    }
+    if (!MayAccess(st, caller, AccessWanted(fi->flags))) return EACCES;
+    fd = UniqueFd(::openat(bfd, name, flags));
+    if (!fd.valid()) return errno == ELOOP ? NotAFleetFile(bucket, name, st) : errno;
+    struct stat opened;
+    if (::fstat(fd.get(), &opened) != 0) return errno;
+    // Replaced between the check and the open: the check was of another file.
+    if (opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) return EAGAIN;
+  }
   if (::fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return EPERM;
   if (created) {
     // A file an application creates belongs to that application's user and
     // group, as on a local file system (the agent itself runs as root).
-    const fuse_ctx* ctx = fuse_req_ctx(req);
     if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return errno;
   }
   if (created && file->role == FileRole::kMain) {
     spdlog::info("vfs: created tenant {}/{} (slot {}, epoch {}) for uid {}", BucketName(bucket),
-                 name, file->slot, served->token.epoch, fuse_req_ctx(req)->uid);
+                 name, file->slot, epoch, ctx->uid);
     // The stamp: the epoch this file was made under, and whose file it is.
-    if (Status stamped = WriteStamps(fd.get(), served->token.epoch, file->key, file->main_path);
+    if (Status stamped = WriteStamps(fd.get(), epoch, file->key, file->main_path);
         !stamped.ok()) {
       spdlog::warn("vfs: {}", stamped.message());
     }
   }
-  UniqueFd path_fd(::openat(bfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!path_fd.valid()) return errno;
+  if (int err = Landed(op); err != 0) return err;
   if (::fstat(fd.get(), &st) != 0) return errno;
-  auto inode = inodes_.Remember(bucket, name, *file, std::move(path_fd), st);
-  if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(served->token.epoch);
+  auto inode = inodes_.Remember(bucket, name, *file, st);
+  if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(epoch);
+  {
+    std::lock_guard lock(negative_mu_);
+    negative_.Forget(parent, name);  // there now: no absence to forget later
+  }
   auto h = std::make_unique<FileHandle>();
   h->fd = std::move(fd);
   h->inode = inode;
-  h->token = served->token;
-  h->watch = WatchOf(*inode, served->token.epoch);
+  h->token = *op.token;
+  h->watch = WatchOf(inode->file, epoch);
+  if (!created && (fi->flags & O_TRUNC) && st.st_size != 0) {
+    if (int err = TruncateHandle(op, *h, 0); err != 0) {
+      inodes_.Forget(inode->ino, 1);
+      return err;
+    }
+    if (::fstat(h->fd.get(), &st) != 0) st.st_size = 0;
+  }
   st.st_ino = inode->ino;
   e->ino = inode->ino;
   e->attr = st;
@@ -872,7 +1146,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   e->entry_timeout = kEntryTimeout;
   fi->keep_cache = 1;
   AddHandle(h.get());
-  fi->fh = reinterpret_cast<uintptr_t>(h.release());
+  fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
   return 0;
 }
 
@@ -883,23 +1157,14 @@ void FleetFs::Impl::Create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   int err = self.DoCreate(req, parent, name, mode, fi, &e);
   if (self.Failed(req, Op::kCreate, err)) return;
   if (fuse_reply_create(req, &e, fi) != 0) {
-    FileHandle* lost = HandleOf(fi);
-    self.RemoveHandle(lost);
-    delete lost;
+    self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   }
 }
 
-void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Impl& self = Self(req);
   self.stats_.Count(Op::kRelease);
-  if (ControlFiles::IsFile(ino)) {
-    self.Discard(self.virtual_handles_,
-                 reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
-  } else {
-    FileHandle* h = HandleOf(fi);
-    self.RemoveHandle(h);
-    delete h;  // closes the backing descriptor; no write happens on close
-  }
+  if (fi->fh != 0) self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   fuse_reply_err(req, 0);
 }
 
@@ -911,12 +1176,12 @@ void FleetFs::Impl::Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
 
 // ---- the hot path: read, write, fsync, fallocate ----
 
-void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
                          fuse_file_info* fi) {
   Impl& self = Self(req);
-  if (ControlFiles::IsFile(ino)) {
-    const std::string& c = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh))->content;
-    size_t start = std::min(static_cast<size_t>(off), c.size());
+  if (VirtualHandle* v = HandleAs<VirtualHandle>(fi); v != nullptr) {
+    const std::string& c = v->content;
+    size_t start = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), c.size());
     // The reply is sent from a copy: once the kernel has it, the reader may
     // close the file and its release may free the handle while this thread
     // is still returning from the write to /dev/fuse.
@@ -926,9 +1191,13 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     fuse_reply_buf(req, chunk.data(), chunk.size());
     return;
   }
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();
-  int err = self.CheckHandle(*view, *h);
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    self.Failed(req, Op::kRead, EBADF);
+    return;
+  }
+  InFlight op;
+  int err = self.CheckHandle(op, *h);
   thread_local std::vector<char> buffer;
   ssize_t n = 0;
   if (err == 0) {
@@ -943,20 +1212,27 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                           fuse_file_info* fi) {
   Impl& self = Self(req);
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();  // a fence waits until this write is done
-  int err = self.CheckHandle(*view, *h);
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    self.Failed(req, Op::kWrite, EBADF);  // a control file or directory: never written
+    return;
+  }
+  InFlight op;  // its views are held until the write is answered: a fence waits for it
+  int err = self.CheckHandle(op, *h);
   ssize_t n = 0;
   if (err == 0) {
-    if (self.options_.before_backing_write) self.options_.before_backing_write();
     // Replication sees the change first; a WAL restart waits here until the
-    // old log's commits are captured.
+    // old log's commits are captured, a snapshot holds its write gate.
     WriteGuard guard;
     if (h->watch) {
       guard = h->watch->BeforeWrite(h->inode->file.role, static_cast<std::uint64_t>(off), buf, size);
     }
-    n = ::pwrite(h->fd.get(), buf, size, off);
-    if (n < 0) err = errno;
+    err = self.Admit(op);  // after the wait, right before the backing call
+    if (err == 0) {
+      self.BeforeBackingCall();
+      n = ::pwrite(h->fd.get(), buf, size, off);
+      err = n < 0 ? errno : self.Landed(op);
+    }
   }
   if (self.Failed(req, Op::kWrite, err)) return;
   fuse_reply_write(req, static_cast<size_t>(n));
@@ -964,10 +1240,23 @@ void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t si
 
 void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   Impl& self = Self(req);
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();
-  int err = self.CheckHandle(*view, *h);
-  if (err == 0 && (datasync ? ::fdatasync(h->fd.get()) : ::fsync(h->fd.get())) != 0) err = errno;
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    // A control file holds nothing to sync (as fsync(2) on a file that
+    // cannot be synced: EINVAL).
+    self.Failed(req, Op::kFsync, HandleAs<VirtualHandle>(fi) != nullptr ? EINVAL : EBADF);
+    return;
+  }
+  InFlight op;
+  int err = self.CheckHandle(op, *h);
+  if (err == 0) {
+    self.BeforeBackingCall();
+    if ((datasync ? ::fdatasync(h->fd.get()) : ::fsync(h->fd.get())) != 0) {
+      err = errno;
+    } else {
+      err = self.Landed(op);  // durable only once the lease had not ended
+    }
+  }
   if (self.Failed(req, Op::kFsync, err)) return;
   fuse_reply_err(req, 0);
 }
@@ -975,10 +1264,17 @@ void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_in
 void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
                               fuse_file_info* fi) {
   Impl& self = Self(req);
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();
-  int err = self.CheckHandle(*view, *h);
-  if (err == 0 && ::fallocate(h->fd.get(), mode, off, len) != 0) err = errno;
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    self.Failed(req, Op::kFallocate, EBADF);
+    return;
+  }
+  InFlight op;
+  int err = self.CheckHandle(op, *h);
+  if (err == 0) {
+    self.BeforeBackingCall();
+    err = ::fallocate(h->fd.get(), mode, off, len) != 0 ? errno : self.Landed(op);
+  }
   if (self.Failed(req, Op::kFallocate, err)) return;
   fuse_reply_err(req, 0);
 }
@@ -993,11 +1289,13 @@ void FleetFs::Impl::Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   }
   // The listing is made at the first readdir: SQLite opens a directory only
   // to fsync it, once per new journal, and that must stay cheap.
-  auto* dir = new DirHandle();
-  self.Keep(self.dir_handles_, dir);
-  fi->fh = reinterpret_cast<uintptr_t>(dir);
+  auto dir = std::make_unique<DirHandle>();
+  self.AddHandle(dir.get());
+  fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(dir.release()));
   self.stats_.Count(Op::kOpendir);
-  if (fuse_reply_open(req, fi) != 0) self.Discard(self.dir_handles_, dir);  // interrupted
+  if (fuse_reply_open(req, fi) != 0) {  // interrupted: no release will come
+    self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
+  }
 }
 
 int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
@@ -1014,6 +1312,7 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
     for (auto& entry : ControlFiles::List()) dir.entries.push_back(std::move(entry));
     return 0;
   }
+  if (!IsBucketIno(ino)) return ENOTDIR;
   int bucket = BucketOfIno(ino);
   int bfd = BucketFd(bucket);
   if (bfd < 0) return 0;
@@ -1041,9 +1340,9 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
 void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                             fuse_file_info* fi) {
   Impl& self = Self(req);
-  auto* dir = reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh));
-  int err = 0;
-  if (off == 0 || !dir->listed) {
+  DirHandle* dir = HandleAs<DirHandle>(fi);
+  int err = dir == nullptr ? EBADF : 0;
+  if (err == 0 && (off == 0 || !dir->listed)) {
     dir->entries.clear();
     err = self.ListDir(ino, *dir);
     dir->listed = true;
@@ -1051,7 +1350,7 @@ void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
   if (self.Failed(req, Op::kReaddir, err)) return;
   std::vector<char> buf(size);
   size_t used = 0;
-  for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < dir->entries.size(); ++i) {
     const auto& entry = dir->entries[i];
     struct stat st {};
     st.st_ino = entry.ino;
@@ -1066,7 +1365,7 @@ void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
 
 void FleetFs::Impl::Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Impl& self = Self(req);
-  self.Discard(self.dir_handles_, reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh)));
+  if (fi->fh != 0) self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   fuse_reply_err(req, 0);
 }
 

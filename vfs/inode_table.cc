@@ -11,7 +11,7 @@ std::shared_ptr<FileInode> InodeTable::Find(Ino ino) const {
 }
 
 std::shared_ptr<FileInode> InodeTable::Remember(int bucket, std::string_view name,
-                                                const FleetFile& file, UniqueFd path_fd,
+                                                const FleetFile& file,
                                                 const struct stat& st) {
   std::lock_guard lock(mu_);
   auto key = std::make_pair(st.st_dev, st.st_ino);
@@ -28,7 +28,6 @@ std::shared_ptr<FileInode> InodeTable::Remember(int bucket, std::string_view nam
   inode->file = file;
   inode->dev = st.st_dev;
   inode->backing_ino = st.st_ino;
-  inode->path_fd = std::move(path_fd);
   inode->nlookup = 1;
   inodes_.emplace(inode->ino, inode);
   by_backing_.emplace(key, inode->ino);

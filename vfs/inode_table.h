@@ -6,6 +6,11 @@
 // (FUSE forget: the lookup count drops to zero). One backing file (dev, ino)
 // has one number while the kernel knows it.
 //
+// An inode holds no descriptor: it names its backing file by bucket and name
+// and remembers the (dev, ino) it was found as, so however many inodes the
+// kernel caches, the mount's descriptors stay bounded (the root, 256 buckets
+// and the open handles). A file replaced under the name is another file.
+//
 // Thread-safety: every method is safe from any thread; one mutex, taken
 // alone. A FileInode's fixed fields never change after Remember.
 #pragma once
@@ -23,7 +28,6 @@
 #include <vector>
 
 #include "fleet/layout.h"
-#include "fleet/unique_fd.h"
 #include "vfs/serving_view.h"
 
 namespace fleetfs::vfs {
@@ -51,7 +55,6 @@ struct FileInode {
   FleetFile file;
   dev_t dev = 0;
   ino_t backing_ino = 0;
-  UniqueFd path_fd;  // O_PATH: the inode stays the same file after its name is unlinked
   // The newest epoch this main file was prepared and stamped for: lookups
   // and opens under it need no replica check.
   std::atomic<std::uint64_t> exposed_epoch{0};
@@ -65,7 +68,7 @@ class InodeTable {
   // Registers (or finds) the inode of the backing file `st` describes, found
   // as `name` in `bucket`, and counts one lookup.
   std::shared_ptr<FileInode> Remember(int bucket, std::string_view name, const FleetFile& file,
-                                      UniqueFd path_fd, const struct stat& st);
+                                      const struct stat& st);
   // The kernel forgot `nlookup` lookups of `ino`. Open handles keep their
   // own reference to the inode.
   void Forget(Ino ino, std::uint64_t nlookup);

@@ -23,12 +23,13 @@
 
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
+#include "vfs/backing_dir.h"
 #include "vfs/control_files.h"
 #include "vfs/fence.h"
+#include "vfs/handles.h"
 #include "vfs/inode_table.h"
 #include "vfs/negative_names.h"
 #include "vfs/permission.h"
-#include "vfs/refusal_log.h"
 
 namespace fleetfs::vfs {
 namespace {
@@ -40,59 +41,13 @@ constexpr double kEntryTimeout = 1.0;
 // Negative entries remembered at most; beyond, absent names are not cached.
 constexpr std::size_t kMaxNegativeNames = 100'000;
 
-// A refused name (a symlink where a bucket or fleet file should be) is logged
-// at most once a minute, and at most this many names are tracked.
-constexpr std::chrono::seconds kRefusalLogInterval{60};
-constexpr std::size_t kRefusalLogNames = 10'000;
-
 std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
-
-// What fi->fh points to. Every handler that takes a handle checks its kind
-// first: a local user can send any operation the kernel allows on any open
-// descriptor (fsync on a virtual file, readdir on nothing the mount listed),
-// and a handle taken for another kind would be memory misread as a file.
-enum class HandleKind : std::uint8_t { kFile, kVirtual, kDir };
-
-struct Handle {
-  explicit Handle(HandleKind k) : kind(k) {}
-  virtual ~Handle() = default;
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  const HandleKind kind;
-};
-
-// An open fleet file. Owns its backing descriptor.
-struct FileHandle final : Handle {
-  static constexpr HandleKind kKind = HandleKind::kFile;
-  FileHandle() : Handle(kKind) {}
-  UniqueFd fd;
-  std::shared_ptr<FileInode> inode;
-  ServingToken token;
-  std::shared_ptr<TenantWatch> watch;  // replication's, for main, -wal and -journal
-};
-
-// An open control file: its content, made at open.
-struct VirtualHandle final : Handle {
-  static constexpr HandleKind kKind = HandleKind::kVirtual;
-  VirtualHandle() : Handle(kKind) {}
-  std::string content;
-};
-
-// An open directory: its listing, made at the first readdir.
-struct DirHandle final : Handle {
-  static constexpr HandleKind kKind = HandleKind::kDir;
-  DirHandle() : Handle(kKind) {}
-  bool listed = false;
-  std::vector<ControlFiles::Entry> entries;
-};
 
 // The handle of kind H behind `fi`, or nullptr when there is none or it is
 // of another kind.
 template <typename H>
 H* HandleAs(const fuse_file_info* fi) {
-  if (fi == nullptr || fi->fh == 0) return nullptr;
-  auto* h = reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh));
-  return h->kind == H::kKind ? static_cast<H*>(h) : nullptr;
+  return fi == nullptr ? nullptr : HandleOfKind<H>(fi->fh);
 }
 
 // DoLookupFile or DoOpen handed the request to the replicator; the reply
@@ -147,10 +102,10 @@ class FleetFs::Impl final : public FencedFiles {
   explicit Impl(MountOptions options)
       : options_(std::move(options)),
         control_(options_.status_json, options_.ranges_text),
+        backing_(*options_.clock),
         negative_(kMaxNegativeNames,
                   std::chrono::duration_cast<MonoTime::duration>(
                       std::chrono::duration<double>(kEntryTimeout))),
-        refusals_(kRefusalLogInterval, kRefusalLogNames),
         notifier_(&session_),
         fence_(notifier_, *this, *options_.clock, stats_) {}
   ~Impl() override { Stop(); }
@@ -267,29 +222,6 @@ class FleetFs::Impl final : public FencedFiles {
     if (options_.before_backing_write) options_.before_backing_write();
   }
 
-  // ---- backing files ----
-
-  // The bucket's descriptor, or -errno (-ENOENT: not made yet, no file in it).
-  int BucketFd(int bucket);
-  // As BucketFd, making the bucket when it is not there (creates only).
-  int EnsureBucket(int bucket);
-  int StatBucket(int bucket, struct stat* st);
-  void RootAttr(struct stat* st) const;
-  // Opens `inode`'s backing file by its name in its bucket with `flags`,
-  // never following a symlink, and checks that it is still the file the
-  // inode was found as: ESTALE when the name is gone or names another file.
-  // No descriptor is kept per inode, so what the kernel caches costs none.
-  int OpenBacking(const FileInode& inode, int flags, UniqueFd* out);
-  // The same for its attributes.
-  int StatBacking(const FileInode& inode, struct stat* st);
-  // Says in the log (rate-limited per name) what was refused and why.
-  void Refused(const std::string& name, std::string_view why) {
-    refusals_.Refused(name, Now(), name + " " + std::string(why));
-  }
-  // What a backing name that is not a regular file gets: ENOENT (it is no
-  // fleet file), and a line in the log.
-  int NotAFleetFile(int bucket, std::string_view name, const struct stat& st);
-
   // ---- operations ----
 
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
@@ -355,9 +287,7 @@ class FleetFs::Impl final : public FencedFiles {
 
   MountOptions options_;
   ControlFiles control_;
-  UniqueFd root_fd_;
-  struct stat root_stat_ {};
-  std::array<std::atomic<int>, kBucketCount> bucket_fds_{};
+  BackingDir backing_;
   VfsStats stats_;
 
   // What every operation checks. Publish swaps it in one atomic exchange (the
@@ -369,8 +299,6 @@ class FleetFs::Impl final : public FencedFiles {
 
   std::mutex negative_mu_;  // guards negative_; taken alone
   NegativeNames negative_;
-
-  RefusalLog refusals_;
 
   mutable std::mutex handles_mu_;  // guards the three below; taken alone
   std::unordered_set<FileHandle*> file_handles_;
@@ -388,12 +316,7 @@ class FleetFs::Impl final : public FencedFiles {
 // ---- start and stop ----
 
 Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
-  for (auto& fd : bucket_fds_) fd.store(-1);
-  root_fd_ = UniqueFd(::open(options_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root_fd_.valid()) return ErrnoStatus("backing directory " + options_.backing, errno);
-  if (::fstat(root_fd_.get(), &root_stat_) != 0) {
-    return ErrnoStatus("backing directory " + options_.backing, errno);
-  }
+  FLEETFS_RETURN_IF_ERROR(backing_.Open(options_.backing));
   view_.store(std::move(initial));
 
   static const fuse_lowlevel_ops ops = [] {
@@ -489,10 +412,7 @@ void FleetFs::Impl::Stop() {
     other_handles_.clear();
     open_tenants_.clear();
   }
-  for (auto& fd : bucket_fds_) {
-    int old = fd.exchange(-1);
-    if (old >= 0) ::close(old);
-  }
+  backing_.CloseBuckets();
 }
 
 void FleetFs::Impl::Init(void* userdata, fuse_conn_info* conn) {
@@ -517,7 +437,7 @@ std::vector<FenceTarget> FleetFs::Impl::FilesIn(const std::vector<ServedRange>& 
     FenceTarget t{inode->ino, EntryName{BucketIno(inode->bucket), inode->name}, inode->file.role,
                   std::nullopt};
     struct stat st;
-    if (t.role == FileRole::kShm && StatBacking(*inode, &st) == 0) {
+    if (t.role == FileRole::kShm && backing_.StatFile(*inode, &st) == 0) {
       t.size = static_cast<std::uint64_t>(st.st_size);
     }
     targets.push_back(std::move(t));
@@ -539,96 +459,6 @@ int FleetFs::Impl::Admit(InFlight& op) {
   if (range != nullptr) op.lease_end = range->valid_until;
   op.held.push_back(std::move(view));
   return range != nullptr ? 0 : ESTALE;
-}
-
-// ---- backing files ----
-
-int FleetFs::Impl::BucketFd(int bucket) {
-  int fd = bucket_fds_[bucket].load(std::memory_order_acquire);
-  if (fd >= 0) return fd;
-  std::string name = BucketName(bucket);
-  fd = ::openat(root_fd_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ELOOP || err == ENOTDIR) {
-      Refused(name, "in the backing directory is a symlink or not a directory: refused, its "
-                    "files stay hidden (buckets must be directories in the backing root)");
-    } else if (err != ENOENT) {
-      Refused(name, std::string("in the backing directory cannot be opened: ") +
-                        std::strerror(err));
-    }
-    return -err;
-  }
-  int expected = -1;
-  if (!bucket_fds_[bucket].compare_exchange_strong(expected, fd)) {
-    ::close(fd);
-    return expected;
-  }
-  return fd;
-}
-
-// The backing bucket directory is made with the first file in it (see
-// OpenOrMakeBucket: the root's owner and mode, so whoever may create in the
-// root may create in every bucket). Only a create makes one: a lookup never
-// creates anything.
-int FleetFs::Impl::EnsureBucket(int bucket) {
-  int fd = BucketFd(bucket);
-  if (fd >= 0) return fd;
-  auto made = OpenOrMakeBucket(root_fd_.get(), bucket);
-  if (!made.ok()) {
-    Refused(BucketName(bucket), "refused a create: " + made.status().message());
-    return -EIO;
-  }
-  made->Reset();
-  fd = BucketFd(bucket);
-  return fd >= 0 ? fd : -EIO;
-}
-
-void FleetFs::Impl::RootAttr(struct stat* st) const {
-  *st = root_stat_;
-  st->st_ino = kRootIno;
-}
-
-int FleetFs::Impl::StatBucket(int bucket, struct stat* st) {
-  int fd = BucketFd(bucket);
-  if (fd < 0 || ::fstat(fd, st) != 0) {
-    // Not made yet: it looks like the root, empty.
-    *st = root_stat_;
-    st->st_nlink = 2;
-  }
-  st->st_ino = BucketIno(bucket);
-  return 0;
-}
-
-int FleetFs::Impl::OpenBacking(const FileInode& inode, int flags, UniqueFd* out) {
-  int bfd = BucketFd(inode.bucket);
-  if (bfd < 0) return ESTALE;
-  UniqueFd fd(::openat(bfd, inode.name.c_str(), flags | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return errno == ENOENT || errno == ELOOP ? ESTALE : errno;
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return errno;
-  if (st.st_dev != inode.dev || st.st_ino != inode.backing_ino) return ESTALE;  // replaced
-  *out = std::move(fd);
-  return 0;
-}
-
-int FleetFs::Impl::StatBacking(const FileInode& inode, struct stat* st) {
-  int bfd = BucketFd(inode.bucket);
-  if (bfd < 0) return ESTALE;
-  if (::fstatat(bfd, inode.name.c_str(), st, AT_SYMLINK_NOFOLLOW) != 0) {
-    return errno == ENOENT ? ESTALE : errno;
-  }
-  if (st->st_dev != inode.dev || st->st_ino != inode.backing_ino) return ESTALE;
-  return 0;
-}
-
-int FleetFs::Impl::NotAFleetFile(int bucket, std::string_view name, const struct stat& st) {
-  Refused(BucketName(bucket) + "/" + std::string(name),
-          S_ISLNK(st.st_mode)
-              ? "in the backing directory is a symlink: refused, answered ENOENT (a fleet file "
-                "is a regular file; a symlink could lead out of the backing root)"
-              : "in the backing directory is not a regular file: refused, answered ENOENT");
-  return ENOENT;
 }
 
 // ---- lookup ----
@@ -657,7 +487,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
     e->ino = 0;  // a negative entry, cached for entry_timeout
     return 0;
   };
-  int bfd = BucketFd(bucket);
+  int bfd = backing_.BucketFd(bucket);
   if (bfd == -ENOENT) return absent();
   if (bfd < 0) return ENOENT;  // a broken bucket (logged): its files are hidden
   std::string n(name);
@@ -665,7 +495,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   if (::fstatat(bfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     return errno == ENOENT ? absent() : errno;
   }
-  if (!S_ISREG(st.st_mode)) return NotAFleetFile(bucket, name, st);
+  if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
   auto inode = inodes_.Remember(bucket, name, *file, st);
   if (main && !prepared && NeedsPrepare(*inode, epoch)) {
     inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
@@ -686,7 +516,7 @@ bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
   // The stamp is read here, on the FUSE thread: a local call, and the common
   // answer ("already stamped for this epoch") needs nothing more.
   UniqueFd fd;
-  if (OpenBacking(inode, O_PATH, &fd) != 0) return true;  // the replicator decides
+  if (backing_.OpenFile(inode, O_PATH, &fd) != 0) return true;  // the replicator decides
   return ReadEpochStamp(fd.get()).value_or(0) < epoch;
 }
 
@@ -721,19 +551,20 @@ int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t 
   if (parent == kRootIno) {
     if (ControlFiles::Lookup(parent, n) == kControlDirIno) {
       e->ino = kControlDirIno;
-      e->attr = ControlFiles::Attr(kControlDirIno, root_stat_.st_mtim);
+      e->attr = ControlFiles::Attr(kControlDirIno, backing_.root_stat().st_mtim);
       return 0;
     }
     std::optional<int> bucket = ParseBucketName(n);
     if (!bucket) return ENOENT;
     e->ino = BucketIno(*bucket);
-    return StatBucket(*bucket, &e->attr);
+    backing_.StatBucket(*bucket, &e->attr);
+    return 0;
   }
   if (parent == kControlDirIno) {
     fuse_ino_t ino = ControlFiles::Lookup(parent, n);
     if (ino == 0) return ENOENT;
     e->ino = ino;
-    e->attr = ControlFiles::Attr(ino, root_stat_.st_mtim);
+    e->attr = ControlFiles::Attr(ino, backing_.root_stat().st_mtim);
     // Never cached: each open makes the content anew.
     e->attr_timeout = 0;
     return 0;
@@ -772,11 +603,12 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   struct stat st {};
   int err = 0;
   if (ino == kRootIno) {
-    self.RootAttr(&st);
+    st = self.backing_.root_stat();
+    st.st_ino = kRootIno;
   } else if (IsBucketIno(ino)) {
-    err = self.StatBucket(BucketOfIno(ino), &st);
+    self.backing_.StatBucket(BucketOfIno(ino), &st);
   } else if (ControlFiles::Is(ino)) {
-    st = ControlFiles::Attr(ino, self.root_stat_.st_mtim);
+    st = ControlFiles::Attr(ino, self.backing_.root_stat().st_mtim);
   } else if (FileHandle* h = HandleAs<FileHandle>(fi); h != nullptr) {
     InFlight op;
     err = self.CheckHandle(op, *h);
@@ -788,7 +620,7 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
     if (inode == nullptr || view->Find(inode->file.slot, self.Now()) == nullptr) {
       err = ESTALE;
     } else {
-      err = self.StatBacking(*inode, &st);
+      err = self.backing_.StatFile(*inode, &st);
     }
     st.st_ino = ino;
   }
@@ -830,7 +662,7 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
   // be the file the kernel knows.
   UniqueFd by_name;
   if (h == nullptr) {
-    if (int err = OpenBacking(*inode, O_PATH, &by_name); err != 0) return err;
+    if (int err = backing_.OpenFile(*inode, O_PATH, &by_name); err != 0) return err;
   }
   const int fd = h != nullptr ? h->fd.get() : by_name.get();
   std::string proc = ProcPath(fd);
@@ -917,12 +749,12 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
   op.tenant_open = TenantOpen(file->main_path);
   if (Admit(op) != 0) return ENOENT;
   const std::uint64_t epoch = op.token->epoch;
-  int bfd = BucketFd(bucket);
+  int bfd = backing_.BucketFd(bucket);
   if (bfd < 0) return ENOENT;
   // Only regular files are fleet files; anything else stays hidden.
   struct stat st;
   if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
-  if (!S_ISREG(st.st_mode)) return NotAFleetFile(bucket, name, st);
+  if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
   {
     // Deleting a WAL is the last moment to capture its commits; finishing a
     // journal is a commit. Replication may make the unlink wait.
@@ -989,7 +821,7 @@ int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bo
   auto h = std::make_unique<FileHandle>();
   // O_TRUNC is done below, through replication and under the lease rule.
   int flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW | O_TRUNC);
-  if (int err = OpenBacking(*inode, flags, &h->fd); err != 0) return err;
+  if (int err = backing_.OpenFile(*inode, flags, &h->fd); err != 0) return err;
   h->inode = inode;
   h->token = *op.token;
   h->watch = WatchOf(inode->file, epoch);
@@ -1064,10 +896,10 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   const std::uint64_t epoch = op.token->epoch;
   if (!options_.allow_create && file->role == FileRole::kMain) {
     struct stat st;
-    int bfd = BucketFd(bucket);
+    int bfd = backing_.BucketFd(bucket);
     if (bfd < 0 || ::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return EPERM;
   }
-  int bfd = EnsureBucket(bucket);
+  int bfd = backing_.EnsureBucket(bucket);
   if (bfd < 0) return -bfd;
   if (int err = Admit(op); err != 0) return err;  // right before the backing call
   // O_EXCL first, to know whether this call made the file. O_TRUNC is done
@@ -1084,7 +916,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     // kernel checked only the directory, and this process is root. So check
     // as the kernel would, against the file found, before opening it.
     if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
-    if (!S_ISREG(st.st_mode)) return NotAFleetFile(bucket, name, st);
+    if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
     Caller caller{ctx->uid, ctx->gid, {}};
     gid_t groups[64];
     int n = fuse_req_getgroups(req, 64, groups);
@@ -1097,7 +929,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     }
     if (!MayAccess(st, caller, AccessWanted(fi->flags))) return EACCES;
     fd = UniqueFd(::openat(bfd, name, flags));
-    if (!fd.valid()) return errno == ELOOP ? NotAFleetFile(bucket, name, st) : errno;
+    if (!fd.valid()) return errno == ELOOP ? backing_.NotAFleetFile(bucket, name, st) : errno;
     struct stat opened;
     if (::fstat(fd.get(), &opened) != 0) return errno;
     // Replaced between the check and the open: the check was of another file.
@@ -1314,7 +1146,7 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
   }
   if (!IsBucketIno(ino)) return ENOTDIR;
   int bucket = BucketOfIno(ino);
-  int bfd = BucketFd(bucket);
+  int bfd = backing_.BucketFd(bucket);
   if (bfd < 0) return 0;
   int dup = ::openat(bfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dup < 0) return errno;
@@ -1371,8 +1203,8 @@ void FleetFs::Impl::Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void FleetFs::Impl::Fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
   Impl& self = Self(req);
-  int fd = ino == kRootIno ? self.root_fd_.get()
-           : IsBucketIno(ino) ? self.BucketFd(BucketOfIno(ino))
+  int fd = ino == kRootIno ? self.backing_.root_fd()
+           : IsBucketIno(ino) ? self.backing_.BucketFd(BucketOfIno(ino))
                               : -1;
   int err = 0;
   // SQLite syncs the directory after creating a journal, so its name is durable.
@@ -1384,7 +1216,7 @@ void FleetFs::Impl::Fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_
 void FleetFs::Impl::Statfs(fuse_req_t req, fuse_ino_t) {
   Impl& self = Self(req);
   struct statvfs st {};
-  int err = ::fstatvfs(self.root_fd_.get(), &st) == 0 ? 0 : errno;
+  int err = ::fstatvfs(self.backing_.root_fd(), &st) == 0 ? 0 : errno;
   if (self.Failed(req, Op::kStatfs, err)) return;
   fuse_reply_statfs(req, &st);
 }

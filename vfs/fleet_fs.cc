@@ -14,10 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -26,113 +23,117 @@
 
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
+#include "vfs/backing_dir.h"
+#include "vfs/control_files.h"
+#include "vfs/fence.h"
+#include "vfs/handles.h"
+#include "vfs/inode_table.h"
+#include "vfs/negative_names.h"
+#include "vfs/permission.h"
 
 namespace fleetfs::vfs {
 namespace {
-
-// Fixed inode numbers: the layout is fixed, so its directories are too.
-constexpr fuse_ino_t kRootIno = FUSE_ROOT_ID;                       // 1
-constexpr fuse_ino_t kFirstBucketIno = 2;                           // 2..257
-constexpr fuse_ino_t kControlDirIno = kFirstBucketIno + kBucketCount;  // 258
-constexpr fuse_ino_t kStatusIno = kControlDirIno + 1;
-constexpr fuse_ino_t kRangesIno = kControlDirIno + 2;
-constexpr fuse_ino_t kFirstFileIno = 1024;
-
-constexpr std::string_view kControlDirName = ".fleetfs";
-constexpr std::string_view kStatusName = "status.json";
-constexpr std::string_view kRangesName = "ranges";
 
 // The kernel may cache entries and attributes this long; a fence tells it to
 // forget them at once, so the timeout only bounds staleness of attributes.
 constexpr double kEntryTimeout = 1.0;
 
-bool IsBucketIno(fuse_ino_t ino) {
-  return ino >= kFirstBucketIno && ino < kFirstBucketIno + kBucketCount;
-}
-int BucketOfIno(fuse_ino_t ino) { return static_cast<int>(ino - kFirstBucketIno); }
-
-std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
-
-// A fleet file the kernel knows by `ino`. Owns an O_PATH descriptor of the
-// backing file, so the inode stays the same file after its name is unlinked.
-struct FileInode {
-  fuse_ino_t ino = 0;
-  int bucket = 0;
-  std::string name;
-  FleetFile file;
-  dev_t dev = 0;
-  ino_t backing_ino = 0;
-  UniqueFd path_fd;
-  std::uint64_t nlookup = 0;  // guarded by Impl::inodes_mu_
-  // The newest epoch this main file was prepared and stamped for: lookups
-  // under it need no replica check.
-  std::atomic<std::uint64_t> exposed_epoch{0};
-};
-
-struct FileHandle {
-  UniqueFd fd;
-  std::shared_ptr<FileInode> inode;
-  ServingToken token;
-  std::shared_ptr<TenantWatch> watch;  // replication's, for main, -wal and -journal
-};
-
-// DoLookupFile handed the request to the replicator; the reply comes later.
-constexpr int kDeferred = -1;
-
-struct VirtualHandle {
-  std::string content;
-};
-
-struct DirHandle {
-  struct Entry {
-    std::string name;
-    fuse_ino_t ino;
-    mode_t type;
-  };
-  bool listed = false;
-  std::vector<Entry> entries;
-};
-
-struct FenceJob {
-  std::vector<ServedRange> ranges;   // withdrawn ranges to fence
-  std::vector<ServedRange> claimed;  // newly served ranges: forget their negative entries
-  std::vector<std::pair<fuse_ino_t, std::string>> entries;  // names to forget
-};
-
-// A name the kernel caches as absent: looked up in a served slot, not there.
-struct NegativeName {
-  fuse_ino_t parent = 0;
-  Slot slot = 0;
-  MonoTime until{};
-};
-
 // Negative entries remembered at most; beyond, absent names are not cached.
 constexpr std::size_t kMaxNegativeNames = 100'000;
 
+std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+// The handle of kind H behind `fi`, or nullptr when there is none or it is
+// of another kind.
+template <typename H>
+H* HandleAs(const fuse_file_info* fi) {
+  return fi == nullptr ? nullptr : HandleOfKind<H>(fi->fh);
+}
+
+// DoLookupFile or DoOpen handed the request to the replicator; the reply
+// comes later, from another thread.
+constexpr int kDeferred = -1;
+
+// The fence's way to the kernel: the session's notifications.
+class SessionNotifier final : public KernelNotifier {
+ public:
+  explicit SessionNotifier(fuse_session** session) : session_(session) {}
+  void InvalEntry(std::uint64_t parent, std::string_view name) override {
+    fuse_lowlevel_notify_inval_entry(*session_, parent, name.data(), name.size());
+  }
+  void InvalInode(std::uint64_t ino) override {
+    fuse_lowlevel_notify_inval_inode(*session_, ino, 0, 0);
+  }
+  void Store(std::uint64_t ino, std::uint64_t offset, std::string_view data) override {
+    fuse_bufvec buf = FUSE_BUFVEC_INIT(data.size());
+    buf.buf[0].mem = const_cast<char*>(data.data());
+    fuse_lowlevel_notify_store(*session_, ino, static_cast<off_t>(offset), &buf,
+                               static_cast<fuse_buf_copy_flags>(0));
+  }
+
+ private:
+  fuse_session** session_;  // the mount's; set before the fence thread starts
+};
+
+// An operation that reaches a backing file, from its first check to its
+// answer. DESIGN section 3: nothing is written to a backing file after its
+// range's local lease ends, so the operation is admitted again after
+// everything it waited for (replication's write gate, a WAL capture) and
+// right before the backing call, and a backing call that returned after the
+// lease end is answered ESTALE, never success.
+struct InFlight {
+  Slot slot = 0;
+  FileRole role = FileRole::kMain;
+  // A handle's token; for an operation by name, the token of the range that
+  // served the name at the first check (later checks need the same one).
+  std::optional<ServingToken> token;
+  bool by_name = false;
+  bool tenant_open = true;  // by name: the tenant has open handles (ServingView::ForName)
+  // Every view loaded: held until the operation is answered, so a fence
+  // waits for it.
+  std::vector<std::shared_ptr<const ServingView>> held;
+  MonoTime lease_end{};  // of the range that admitted it last
+};
+
 }  // namespace
 
-class FleetFs::Impl {
+class FleetFs::Impl final : public FencedFiles {
  public:
-  explicit Impl(MountOptions options) : options_(std::move(options)) {}
-  ~Impl() { Stop(); }
+  explicit Impl(MountOptions options)
+      : options_(std::move(options)),
+        control_(options_.status_json, options_.ranges_text),
+        backing_(*options_.clock),
+        negative_(kMaxNegativeNames,
+                  std::chrono::duration_cast<MonoTime::duration>(
+                      std::chrono::duration<double>(kEntryTimeout))),
+        notifier_(&session_),
+        fence_(notifier_, *this, *options_.clock, stats_) {}
+  ~Impl() override { Stop(); }
 
   Status Start(std::shared_ptr<const ServingView> initial);
   void Publish(std::shared_ptr<const ServingView> view);
-  void WaitForFences();
+  void WaitForFences() { fence_.Wait(); }
   void Stop();
 
   const VfsStats& stats() const { return stats_; }
   std::size_t OpenHandles() const {
     std::lock_guard lock(handles_mu_);
-    return handles_.size();
+    return file_handles_.size();
   }
-  std::size_t OpenHandlesIn(Slot first, Slot last) const {
+  std::size_t OpenHandlesIn(Slot first, Slot last) override {
     std::lock_guard lock(handles_mu_);
     std::size_t n = 0;
-    for (const FileHandle* h : handles_) {
+    for (const FileHandle* h : file_handles_) {
       if (h->inode->file.slot >= first && h->inode->file.slot <= last) ++n;
     }
     return n;
+  }
+
+  // FencedFiles, for the fence thread.
+  std::vector<FenceTarget> FilesIn(const std::vector<ServedRange>& ranges) override;
+  std::vector<EntryName> ForgetAbsentIn(const std::vector<ServedRange>& claimed) override {
+    std::lock_guard lock(negative_mu_);
+    return negative_.ForgetIn(claimed, Now());
   }
 
   // FUSE handlers; each sends exactly one reply.
@@ -182,60 +183,70 @@ class FleetFs::Impl {
   bool Failed(fuse_req_t req, Op op, int err) {
     stats_.Count(op);
     if (err == 0) return false;
-    stats_.CountError(op, err);
-    if (err == ESTALE) stats_.fenced.fetch_add(1, std::memory_order_relaxed);
+    CountError(op, err);
     fuse_reply_err(req, err);
     return true;
   }
-
-  // The handle of an open fleet file, or ESTALE when its range is no longer
-  // served under the token it was opened with. `view` must stay held until
-  // the operation has reached the backing file.
-  static FileHandle* HandleOf(fuse_file_info* fi) {
-    return reinterpret_cast<FileHandle*>(static_cast<uintptr_t>(fi->fh));
-  }
-  int CheckHandle(const ServingView& view, const FileHandle& h) const {
-    const ServedRange* served = view.Find(h.inode->file.slot, Now());
-    if (served == nullptr) return ESTALE;
-    if (served->token == h.token) return 0;
-    // A -shm handle of an earlier serving period at the same epoch goes on:
-    // fencing its file operations protects nothing (its users share the
-    // mapping, which bypasses the file system), and the kernel writes back
-    // every user's dirty wal-index pages through whichever handle mapped the
-    // file first, which may be a fenced one.
-    if (h.inode->file.role == FileRole::kShm && served->token.epoch == h.token.epoch) return 0;
-    return ESTALE;
+  void CountError(Op op, int err) {
+    stats_.CountError(op, err);
+    if (err == ESTALE) stats_.fenced.fetch_add(1, std::memory_order_relaxed);
   }
 
-  int BucketFd(int bucket);
-  int EnsureBucket(int bucket);
-  int StatBucket(int bucket, struct stat* st);
-  void RootAttr(struct stat* st) const;
-  void ControlAttr(fuse_ino_t ino, struct stat* st) const;
+  // ---- admission (the rule itself is ServingView's) ----
 
-  std::shared_ptr<FileInode> FindInode(fuse_ino_t ino) {
-    std::lock_guard lock(inodes_mu_);
-    auto it = inodes_.find(ino);
-    return it == inodes_.end() ? nullptr : it->second;
+  // 0 when the handle's range still admits it under the current view (the
+  // view is held by `op`), else ESTALE.
+  int CheckHandle(InFlight& op, const FileHandle& h) {
+    op.slot = h.inode->file.slot;
+    op.role = h.inode->file.role;
+    op.token = h.token;
+    op.by_name = false;
+    return Admit(op);
   }
-  // Registers (or finds) the inode of a backing file and counts a lookup.
-  std::shared_ptr<FileInode> Remember(int bucket, std::string_view name, const FleetFile& file,
-                                      UniqueFd path_fd, const struct stat& st);
-  void ForgetOne(fuse_ino_t ino, uint64_t nlookup);
+  // Loads the current view into `op` and admits the operation against it now.
+  int Admit(InFlight& op);
+  // After the backing call: 0 when it returned before the lease end it was
+  // admitted under (or the range is still served to it), else ESTALE.
+  int Landed(InFlight& op) { return Now() < op.lease_end ? 0 : Admit(op); }
+  // Whether a tenant (by its main file's path) has open handles: while the
+  // view drains, only such tenants may still look up, create and unlink.
+  bool TenantOpen(const std::string& main_path) const {
+    std::lock_guard lock(handles_mu_);
+    return open_tenants_.contains(main_path);
+  }
+  const ServedRange* ServingName(const ServingView& view, const FleetFile& file) const {
+    if (view.accepting()) return view.Find(file.slot, Now());
+    return view.ForName(file.slot, Now(), TenantOpen(file.main_path));
+  }
+  void BeforeBackingCall() {
+    if (options_.before_backing_write) options_.before_backing_write();
+  }
+
+  // ---- operations ----
 
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
                fuse_entry_param* e, bool prepared);
   int DoLookupFile(fuse_req_t req, const ServingView& view, int bucket, std::string_view name,
                    fuse_entry_param* e, bool prepared);
   // A main file needs the replicator before it is exposed under `epoch`.
-  bool NeedsPrepare(const FileInode* inode, std::uint64_t epoch) const;
+  bool NeedsPrepare(const FileInode& inode, std::uint64_t epoch);
   void Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
              std::uint64_t epoch);
-  std::shared_ptr<TenantWatch> WatchOf(const FileInode& inode, std::uint64_t epoch) {
-    return options_.hooks ? options_.hooks->Watch(inode.file, epoch) : nullptr;
+  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared);
+  void DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
+                 std::uint64_t epoch);
+  void ReplyOpen(fuse_req_t req, fuse_file_info* fi);
+  std::shared_ptr<TenantWatch> WatchOf(const FleetFile& file, std::uint64_t epoch) {
+    return options_.hooks ? options_.hooks->Watch(file, epoch) : nullptr;
   }
   // Records a negative entry; false when too many are remembered to cache more.
-  bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot);
+  bool RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot) {
+    std::lock_guard lock(negative_mu_);
+    return negative_.Remember(parent, name, slot, Now());
+  }
+  // Truncates an open handle's file to `size` through replication, under
+  // the lease rule.
+  int TruncateHandle(InFlight& op, FileHandle& h, off_t size);
   int DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi, fuse_entry_param* e);
   int DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi,
@@ -243,40 +254,40 @@ class FleetFs::Impl {
   int DoUnlink(fuse_ino_t parent, const char* name);
   int ListDir(fuse_ino_t ino, DirHandle& dir);
 
-  // Virtual-file and directory handles, kept so Stop can free what the
+  // ---- handles ----
+
+  // Every handle given to the kernel is kept here, so Stop can free what the
   // kernel never releases.
-  template <typename H>
-  void Keep(std::unordered_set<H*>& set, H* h) {
-    std::lock_guard lock(other_handles_mu_);
-    set.insert(h);
-  }
-  template <typename H>
-  void Discard(std::unordered_set<H*>& set, H* h) {
-    {
-      std::lock_guard lock(other_handles_mu_);
-      set.erase(h);
+  void AddHandle(Handle* h) {
+    std::lock_guard lock(handles_mu_);
+    if (h->kind == HandleKind::kFile) {
+      auto* f = static_cast<FileHandle*>(h);
+      file_handles_.insert(f);
+      ++open_tenants_[f->inode->file.main_path];
+    } else {
+      other_handles_.insert(h);
     }
-    delete h;
   }
-
-  void AddHandle(FileHandle* h) {
-    std::lock_guard lock(handles_mu_);
-    handles_.insert(h);
+  // Forgets and frees `h`.
+  void DropHandle(Handle* h) {
+    {
+      std::lock_guard lock(handles_mu_);
+      if (h->kind == HandleKind::kFile) {
+        auto* f = static_cast<FileHandle*>(h);
+        if (file_handles_.erase(f) != 0) {
+          auto it = open_tenants_.find(f->inode->file.main_path);
+          if (it != open_tenants_.end() && --it->second == 0) open_tenants_.erase(it);
+        }
+      } else {
+        other_handles_.erase(h);
+      }
+    }
+    delete h;  // a file handle closes its backing descriptor; no write happens on close
   }
-  void RemoveHandle(FileHandle* h) {
-    std::lock_guard lock(handles_mu_);
-    handles_.erase(h);
-  }
-
-  void QueueFence(FenceJob job);
-  void StaleWalIndex(fuse_ino_t ino);
-  void FenceLoop();
-  void RunFence(const FenceJob& job);
 
   MountOptions options_;
-  UniqueFd root_fd_;
-  struct stat root_stat_ {};
-  std::array<std::atomic<int>, kBucketCount> bucket_fds_{};
+  ControlFiles control_;
+  BackingDir backing_;
   VfsStats stats_;
 
   // What every operation checks. Publish swaps it in one atomic exchange (the
@@ -284,33 +295,19 @@ class FleetFs::Impl {
   // call); operations hold the loaded view until their backing call returns.
   std::atomic<std::shared_ptr<const ServingView>> view_;
 
-  mutable std::mutex inodes_mu_;  // guards inodes_, by_backing_, next_ino_; taken alone
-  std::unordered_map<fuse_ino_t, std::shared_ptr<FileInode>> inodes_;
-  std::map<std::pair<dev_t, ino_t>, fuse_ino_t> by_backing_;
-  fuse_ino_t next_ino_ = kFirstFileIno;
+  InodeTable inodes_;
 
   std::mutex negative_mu_;  // guards negative_; taken alone
-  std::unordered_map<std::string, NegativeName> negative_;  // key: name '\0' parent
+  NegativeNames negative_;
 
-  mutable std::mutex handles_mu_;  // guards handles_; taken alone
-  std::unordered_set<FileHandle*> handles_;
-  // Handles the kernel never releases when the session ends with them open.
-  std::mutex other_handles_mu_;  // guards the two sets below; taken alone
-  std::unordered_set<VirtualHandle*> virtual_handles_;
-  std::unordered_set<DirHandle*> dir_handles_;
-
-  std::mutex fence_mu_;  // guards everything down to fence_thread_; taken alone
-  std::condition_variable fence_cv_;
-  std::deque<FenceJob> fence_jobs_;
-  // Views published before the current one that may still be held by an
-  // operation in flight; a fence waits until they are all gone.
-  std::vector<std::weak_ptr<const ServingView>> old_views_;
-  std::uint64_t fences_queued_ = 0;
-  std::uint64_t fences_done_ = 0;
-  bool fence_stop_ = false;
-  std::thread fence_thread_;
+  mutable std::mutex handles_mu_;  // guards the three below; taken alone
+  std::unordered_set<FileHandle*> file_handles_;
+  std::unordered_set<Handle*> other_handles_;
+  std::unordered_map<std::string, int> open_tenants_;  // main path -> open file handles
 
   fuse_session* session_ = nullptr;
+  SessionNotifier notifier_;
+  Fence fence_;  // after everything it reaches: destroyed (stopped) first
   std::thread loop_thread_;
   bool mounted_ = false;
   std::atomic<bool> stopping_{false};  // Stop has begun: the session's end is expected
@@ -319,12 +316,7 @@ class FleetFs::Impl {
 // ---- start and stop ----
 
 Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
-  for (auto& fd : bucket_fds_) fd.store(-1);
-  root_fd_ = UniqueFd(::open(options_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root_fd_.valid()) return ErrnoStatus("backing directory " + options_.backing, errno);
-  if (::fstat(root_fd_.get(), &root_stat_) != 0) {
-    return ErrnoStatus("backing directory " + options_.backing, errno);
-  }
+  FLEETFS_RETURN_IF_ERROR(backing_.Open(options_.backing));
   view_.store(std::move(initial));
 
   static const fuse_lowlevel_ops ops = [] {
@@ -375,7 +367,7 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
                        " (is /dev/fuse there, and are we root?)");
   }
   mounted_ = true;
-  fence_thread_ = std::thread([this] { FenceLoop(); });
+  fence_.Start();
   loop_thread_ = std::thread([this] {
     fuse_loop_config* config = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(options_.max_threads));
@@ -393,12 +385,7 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
 
 void FleetFs::Impl::Stop() {
   // Fences still queued are run first: they need the session.
-  {
-    std::lock_guard lock(fence_mu_);
-    fence_stop_ = true;
-  }
-  fence_cv_.notify_all();
-  if (fence_thread_.joinable()) fence_thread_.join();
+  fence_.Stop();
   stopping_ = true;
   if (mounted_) {
     fuse_session_exit(session_);
@@ -419,20 +406,13 @@ void FleetFs::Impl::Stop() {
   // The session is gone: the kernel will not release what is still open.
   {
     std::lock_guard lock(handles_mu_);
-    for (FileHandle* h : handles_) delete h;
-    handles_.clear();
+    for (FileHandle* h : file_handles_) delete h;
+    for (Handle* h : other_handles_) delete h;
+    file_handles_.clear();
+    other_handles_.clear();
+    open_tenants_.clear();
   }
-  {
-    std::lock_guard lock(other_handles_mu_);
-    for (VirtualHandle* h : virtual_handles_) delete h;
-    for (DirHandle* h : dir_handles_) delete h;
-    virtual_handles_.clear();
-    dir_handles_.clear();
-  }
-  for (auto& fd : bucket_fds_) {
-    int old = fd.exchange(-1);
-    if (old >= 0) ::close(old);
-  }
+  backing_.CloseBuckets();
 }
 
 void FleetFs::Impl::Init(void* userdata, fuse_conn_info* conn) {
@@ -448,277 +428,40 @@ void FleetFs::Impl::Init(void* userdata, fuse_conn_info* conn) {
 void FleetFs::Impl::Publish(std::shared_ptr<const ServingView> view) {
   MonoTime now = Now();
   std::shared_ptr<const ServingView> old = view_.exchange(view, std::memory_order_acq_rel);
-  std::vector<ServedRange> withdrawn = old->WithdrawnBy(*view, now);
-  std::vector<ServedRange> claimed = view->WithdrawnBy(*old, now);  // served anew
-  std::lock_guard lock(fence_mu_);
-  std::erase_if(old_views_, [](const auto& w) { return w.expired(); });
-  old_views_.push_back(old);
-  old.reset();
-  if (!withdrawn.empty() || !claimed.empty()) {
-    fence_jobs_.push_back(FenceJob{std::move(withdrawn), std::move(claimed), {}});
-    ++fences_queued_;
-    fence_cv_.notify_all();
-  }
+  fence_.Replaced(std::move(old), *view, now);
 }
 
-void FleetFs::Impl::QueueFence(FenceJob job) {
-  std::lock_guard lock(fence_mu_);
-  fence_jobs_.push_back(std::move(job));
-  ++fences_queued_;
-  fence_cv_.notify_all();
-}
-
-void FleetFs::Impl::WaitForFences() {
-  std::unique_lock lock(fence_mu_);
-  std::uint64_t target = fences_queued_;
-  fence_cv_.wait(lock, [&] { return fences_done_ >= target || fence_stop_; });
-}
-
-void FleetFs::Impl::FenceLoop() {
-  std::unique_lock lock(fence_mu_);
-  while (true) {
-    fence_cv_.wait(lock, [&] { return fence_stop_ || !fence_jobs_.empty(); });
-    if (fence_jobs_.empty()) return;
-    FenceJob job = std::move(fence_jobs_.front());
-    fence_jobs_.pop_front();
-    lock.unlock();
-    RunFence(job);
-    lock.lock();
-    ++fences_done_;
-    fence_cv_.notify_all();
-  }
-}
-
-void FleetFs::Impl::RunFence(const FenceJob& job) {
-  MonoTime started = Now();
-  if (!job.ranges.empty() || !job.claimed.empty()) {
-    // Operations that loaded an older view may still be writing: the fence
-    // counts as done only once each of them has finished or failed.
-    int polls = 0;
-    while (true) {
-      bool busy = false;
-      {
-        std::lock_guard lock(fence_mu_);
-        std::erase_if(old_views_, [](const auto& w) { return w.expired(); });
-        busy = !old_views_.empty();
-      }
-      if (!busy) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      if (++polls % 5000 == 0) {  // every second
-        spdlog::warn("vfs: a fence still waits for operations in flight after {} s",
-                     polls / 5000);
-      }
+std::vector<FenceTarget> FleetFs::Impl::FilesIn(const std::vector<ServedRange>& ranges) {
+  std::vector<FenceTarget> targets;
+  for (const auto& inode : inodes_.In(ranges)) {
+    FenceTarget t{inode->ino, EntryName{BucketIno(inode->bucket), inode->name}, inode->file.role,
+                  std::nullopt};
+    struct stat st;
+    if (t.role == FileRole::kShm && backing_.StatFile(*inode, &st) == 0) {
+      t.size = static_cast<std::uint64_t>(st.st_size);
     }
+    targets.push_back(std::move(t));
   }
-  // Now no operation can reach these ranges' files. Tell the kernel to
-  // forget their names and pages, from this thread, which answers no request.
-  struct Target {
-    fuse_ino_t ino;
-    fuse_ino_t parent;
-    std::string name;
-    bool drop_pages;
-  };
-  std::vector<Target> targets;
-  {
-    std::lock_guard lock(inodes_mu_);
-    for (const auto& [ino, inode] : inodes_) {
-      for (const ServedRange& r : job.ranges) {
-        if (inode->file.slot >= r.first && inode->file.slot <= r.last) {
-          // Dropping the -shm pages would unmap SQLite's shared memory under
-          // a fenced process (SIGBUS); its header is made stale instead.
-          targets.push_back({ino, kFirstBucketIno + static_cast<fuse_ino_t>(inode->bucket),
-                             inode->name, inode->file.role != FileRole::kShm});
-          break;
-        }
-      }
-    }
-  }
-  for (const Target& t : targets) {
-    fuse_lowlevel_notify_inval_entry(session_, t.parent, t.name.c_str(), t.name.size());
-    if (t.drop_pages) {
-      fuse_lowlevel_notify_inval_inode(session_, t.ino, 0, 0);
-    } else {
-      StaleWalIndex(t.ino);
-    }
-  }
-  for (const auto& [parent, name] : job.entries) {
-    fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
-  }
-  if (!job.claimed.empty()) {
-    // Absent names cached while these ranges were served before must not
-    // hide files that are there now.
-    std::vector<std::pair<fuse_ino_t, std::string>> absent;
-    {
-      std::lock_guard lock(negative_mu_);
-      const MonoTime now = Now();
-      std::erase_if(negative_, [&](const auto& entry) {
-        const NegativeName& n = entry.second;
-        if (n.until <= now) return true;
-        for (const ServedRange& r : job.claimed) {
-          if (n.slot >= r.first && n.slot <= r.last) {
-            absent.emplace_back(n.parent, entry.first.substr(0, entry.first.find('\0')));
-            return true;
-          }
-        }
-        return false;
-      });
-    }
-    for (const auto& [parent, name] : absent) {
-      fuse_lowlevel_notify_inval_entry(session_, parent, name.c_str(), name.size());
-    }
-    if (!absent.empty()) {
-      spdlog::info("vfs: a claim made the kernel forget {} cached absent names", absent.size());
-    }
-  }
-  if (!job.ranges.empty()) {
-    auto took = std::chrono::duration_cast<std::chrono::microseconds>(Now() - started);
-    stats_.fences.fetch_add(job.ranges.size(), std::memory_order_relaxed);
-    for (const ServedRange& r : job.ranges) {
-      std::size_t open = OpenHandlesIn(r.first, r.last);
-      stats_.handles_fenced.fetch_add(open, std::memory_order_relaxed);
-      spdlog::info("vfs: fenced range {}-{} epoch {}: {} open handles, {} names forgotten, in {} us",
-                   r.first, r.last, r.token.epoch, open, targets.size(), took.count());
-    }
-  }
+  return targets;
 }
 
-// A WAL reader whose wal-index header is unchanged reads from its own cache
-// and the -shm mapping, without one file operation, so a fence alone would
-// not stop it. Zeroing both header copies in the kernel's cached page (not in
-// the backing file, which stays as it was) makes every connection's next
-// transaction recover the index from the -wal file, and that read fails with
-// ESTALE. A connection of a later serving period recovers it correctly.
-void FleetFs::Impl::StaleWalIndex(fuse_ino_t ino) {
-  constexpr std::size_t kWalIndexHeaders = 2 * 48;
-  auto inode = FindInode(ino);
-  struct stat st;
-  if (inode == nullptr || ::fstat(inode->path_fd.get(), &st) != 0 ||
-      st.st_size < static_cast<off_t>(kWalIndexHeaders)) {
-    return;  // nothing cached that a reader could trust, and the size must not grow
-  }
-  static const char kZeros[kWalIndexHeaders] = {};
-  fuse_bufvec buf = FUSE_BUFVEC_INIT(kWalIndexHeaders);
-  buf.buf[0].mem = const_cast<char*>(kZeros);
-  fuse_lowlevel_notify_store(session_, ino, 0, &buf, static_cast<fuse_buf_copy_flags>(0));
-}
-
-// ---- inodes and attributes ----
-
-int FleetFs::Impl::BucketFd(int bucket) {
-  int fd = bucket_fds_[bucket].load(std::memory_order_acquire);
-  if (fd >= 0) return fd;
-  std::string name = BucketName(bucket);
-  fd = ::openat(root_fd_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return -1;  // not made yet: no file in it
-  int expected = -1;
-  if (!bucket_fds_[bucket].compare_exchange_strong(expected, fd)) {
-    ::close(fd);
-    return expected;
-  }
-  return fd;
-}
-
-// The backing bucket directory is made with the first file in it (see
-// OpenOrMakeBucket: the root's owner and mode, so whoever may create in the
-// root may create in every bucket).
-int FleetFs::Impl::EnsureBucket(int bucket) {
-  int fd = BucketFd(bucket);
-  if (fd >= 0) return fd;
-  auto made = OpenOrMakeBucket(root_fd_.get(), bucket);
-  if (!made.ok()) {
-    spdlog::warn("vfs: {}", made.status().message());
-    return -EIO;
-  }
-  made->Reset();
-  fd = BucketFd(bucket);
-  return fd >= 0 ? fd : -EIO;
-}
-
-void FleetFs::Impl::RootAttr(struct stat* st) const {
-  *st = root_stat_;
-  st->st_ino = kRootIno;
-}
-
-int FleetFs::Impl::StatBucket(int bucket, struct stat* st) {
-  int fd = BucketFd(bucket);
-  if (fd < 0 || ::fstat(fd, st) != 0) {
-    // Not made yet: it looks like the root, empty.
-    *st = root_stat_;
-    st->st_nlink = 2;
-  }
-  st->st_ino = kFirstBucketIno + static_cast<fuse_ino_t>(bucket);
-  return 0;
-}
-
-void FleetFs::Impl::ControlAttr(fuse_ino_t ino, struct stat* st) const {
-  *st = {};
-  st->st_ino = ino;
-  st->st_uid = 0;
-  st->st_gid = 0;
-  st->st_atim = st->st_mtim = st->st_ctim = root_stat_.st_mtim;
-  if (ino == kControlDirIno) {
-    st->st_mode = S_IFDIR | 0555;
-    st->st_nlink = 2;
+int FleetFs::Impl::Admit(InFlight& op) {
+  auto view = View();
+  const MonoTime now = Now();
+  const ServedRange* range = nullptr;
+  if (!op.by_name) {
+    range = view->Admitting(op.slot, op.role, *op.token, now);
   } else {
-    // Made at open; the size is unknown until then (direct I/O reads to EOF).
-    st->st_mode = S_IFREG | 0444;
-    st->st_nlink = 1;
+    range = view->ForName(op.slot, now, op.tenant_open);
+    if (range != nullptr && op.token && range->token != *op.token) range = nullptr;
+    if (range != nullptr && !op.token) op.token = range->token;
   }
-}
-
-std::shared_ptr<FileInode> FleetFs::Impl::Remember(int bucket, std::string_view name,
-                                                   const FleetFile& file, UniqueFd path_fd,
-                                                   const struct stat& st) {
-  std::lock_guard lock(inodes_mu_);
-  auto key = std::make_pair(st.st_dev, st.st_ino);
-  auto it = by_backing_.find(key);
-  if (it != by_backing_.end()) {
-    auto& inode = inodes_.at(it->second);
-    ++inode->nlookup;
-    return inode;
-  }
-  auto inode = std::make_shared<FileInode>();
-  inode->ino = next_ino_++;
-  inode->bucket = bucket;
-  inode->name = std::string(name);
-  inode->file = file;
-  inode->dev = st.st_dev;
-  inode->backing_ino = st.st_ino;
-  inode->path_fd = std::move(path_fd);
-  inode->nlookup = 1;
-  inodes_.emplace(inode->ino, inode);
-  by_backing_.emplace(key, inode->ino);
-  return inode;
-}
-
-void FleetFs::Impl::ForgetOne(fuse_ino_t ino, uint64_t nlookup) {
-  if (ino < kFirstFileIno) return;  // fixed inodes are never forgotten
-  std::lock_guard lock(inodes_mu_);
-  auto it = inodes_.find(ino);
-  if (it == inodes_.end()) return;
-  auto& inode = it->second;
-  inode->nlookup -= std::min(nlookup, inode->nlookup);
-  if (inode->nlookup == 0) {
-    // Open handles keep their own reference to the inode.
-    by_backing_.erase(std::make_pair(inode->dev, inode->backing_ino));
-    inodes_.erase(it);
-  }
+  if (range != nullptr) op.lease_end = range->valid_until;
+  op.held.push_back(std::move(view));
+  return range != nullptr ? 0 : ESTALE;
 }
 
 // ---- lookup ----
-
-bool FleetFs::Impl::RememberNegative(fuse_ino_t parent, std::string_view name, Slot slot) {
-  const MonoTime now = Now();
-  std::lock_guard lock(negative_mu_);
-  if (negative_.size() >= kMaxNegativeNames) {
-    std::erase_if(negative_, [&](const auto& entry) { return entry.second.until <= now; });
-    if (negative_.size() >= kMaxNegativeNames) return false;
-  }
-  auto until = now + std::chrono::duration_cast<MonoTime::duration>(
-                         std::chrono::duration<double>(kEntryTimeout));
-  negative_[std::string(name) + '\0' + std::to_string(parent)] = NegativeName{parent, slot, until};
-  return true;
-}
 
 // An absent fleet name in a served slot is answered with a negative entry,
 // which the kernel caches: SQLite checks for a journal that is not there
@@ -729,10 +472,10 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
                                 std::string_view name, fuse_entry_param* e, bool prepared) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
-  const ServedRange* served = view.accepting() ? view.Find(file->slot, Now()) : nullptr;
+  const ServedRange* served = ServingName(view, *file);
   if (served == nullptr) return ENOENT;
   const std::uint64_t epoch = served->token.epoch;
-  const fuse_ino_t parent = kFirstBucketIno + static_cast<fuse_ino_t>(bucket);
+  const fuse_ino_t parent = BucketIno(bucket);
   const bool main = file->role == FileRole::kMain && options_.hooks != nullptr;
   auto absent = [&] {
     if (main && !prepared) {
@@ -744,17 +487,18 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
     e->ino = 0;  // a negative entry, cached for entry_timeout
     return 0;
   };
-  int bfd = BucketFd(bucket);
-  if (bfd < 0) return absent();
+  int bfd = backing_.BucketFd(bucket);
+  if (bfd == -ENOENT) return absent();
+  if (bfd < 0) return ENOENT;  // a broken bucket (logged): its files are hidden
   std::string n(name);
-  UniqueFd fd(::openat(bfd, n.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return errno == ENOENT ? absent() : errno;
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return errno;
-  if (!S_ISREG(st.st_mode)) return ENOENT;  // a symlink or device is no fleet file
-  auto inode = Remember(bucket, name, *file, std::move(fd), st);
-  if (main && !prepared && NeedsPrepare(inode.get(), epoch)) {
-    ForgetOne(inode->ino, 1);  // the deferred lookup counts its own
+  if (::fstatat(bfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? absent() : errno;
+  }
+  if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
+  auto inode = inodes_.Remember(bucket, name, *file, st);
+  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
+    inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
     Defer(req, parent, std::move(n), *file, epoch);
     return kDeferred;
   }
@@ -767,11 +511,13 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   return 0;
 }
 
-bool FleetFs::Impl::NeedsPrepare(const FileInode* inode, std::uint64_t epoch) const {
-  if (inode->exposed_epoch.load() >= epoch) return false;
+bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
+  if (inode.exposed_epoch.load() >= epoch) return false;
   // The stamp is read here, on the FUSE thread: a local call, and the common
   // answer ("already stamped for this epoch") needs nothing more.
-  return ReadEpochStamp(inode->path_fd.get()).value_or(0) < epoch;
+  UniqueFd fd;
+  if (backing_.OpenFile(inode, O_PATH, &fd) != 0) return true;  // the replicator decides
+  return ReadEpochStamp(fd.get()).value_or(0) < epoch;
 }
 
 void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
@@ -803,21 +549,22 @@ int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t 
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
   if (parent == kRootIno) {
-    if (n == kControlDirName) {
+    if (ControlFiles::Lookup(parent, n) == kControlDirIno) {
       e->ino = kControlDirIno;
-      ControlAttr(kControlDirIno, &e->attr);
+      e->attr = ControlFiles::Attr(kControlDirIno, backing_.root_stat().st_mtim);
       return 0;
     }
     std::optional<int> bucket = ParseBucketName(n);
     if (!bucket) return ENOENT;
-    e->ino = kFirstBucketIno + static_cast<fuse_ino_t>(*bucket);
-    return StatBucket(*bucket, &e->attr);
+    e->ino = BucketIno(*bucket);
+    backing_.StatBucket(*bucket, &e->attr);
+    return 0;
   }
   if (parent == kControlDirIno) {
-    fuse_ino_t ino = n == kStatusName ? kStatusIno : n == kRangesName ? kRangesIno : 0;
+    fuse_ino_t ino = ControlFiles::Lookup(parent, n);
     if (ino == 0) return ENOENT;
     e->ino = ino;
-    ControlAttr(ino, &e->attr);
+    e->attr = ControlFiles::Attr(ino, backing_.root_stat().st_mtim);
     // Never cached: each open makes the content anew.
     e->attr_timeout = 0;
     return 0;
@@ -840,12 +587,12 @@ void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
 }
 
 void FleetFs::Impl::Forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
-  Self(req).ForgetOne(ino, nlookup);
+  Self(req).inodes_.Forget(ino, nlookup);
   fuse_reply_none(req);
 }
 
 void FleetFs::Impl::ForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
-  for (size_t i = 0; i < count; ++i) Self(req).ForgetOne(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; ++i) Self(req).inodes_.Forget(forgets[i].ino, forgets[i].nlookup);
   fuse_reply_none(req);
 }
 
@@ -856,22 +603,24 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   struct stat st {};
   int err = 0;
   if (ino == kRootIno) {
-    self.RootAttr(&st);
+    st = self.backing_.root_stat();
+    st.st_ino = kRootIno;
   } else if (IsBucketIno(ino)) {
-    err = self.StatBucket(BucketOfIno(ino), &st);
-  } else if (ino == kControlDirIno || ino == kStatusIno || ino == kRangesIno) {
-    self.ControlAttr(ino, &st);
+    self.backing_.StatBucket(BucketOfIno(ino), &st);
+  } else if (ControlFiles::Is(ino)) {
+    st = ControlFiles::Attr(ino, self.backing_.root_stat().st_mtim);
+  } else if (FileHandle* h = HandleAs<FileHandle>(fi); h != nullptr) {
+    InFlight op;
+    err = self.CheckHandle(op, *h);
+    if (err == 0 && ::fstat(h->fd.get(), &st) != 0) err = errno;
+    st.st_ino = ino;
   } else {
     auto view = self.View();
-    auto inode = self.FindInode(ino);
-    if (fi != nullptr) {
-      FileHandle* h = HandleOf(fi);
-      err = self.CheckHandle(*view, *h);
-      if (err == 0 && ::fstat(h->fd.get(), &st) != 0) err = errno;
-    } else if (inode == nullptr || view->Find(inode->file.slot, self.Now()) == nullptr) {
+    auto inode = self.inodes_.Find(ino);
+    if (inode == nullptr || view->Find(inode->file.slot, self.Now()) == nullptr) {
       err = ESTALE;
-    } else if (::fstat(inode->path_fd.get(), &st) != 0) {
-      err = errno;
+    } else {
+      err = self.backing_.StatFile(*inode, &st);
     }
     st.st_ino = ino;
   }
@@ -879,38 +628,66 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   fuse_reply_attr(req, &st, kEntryTimeout);
 }
 
+int FleetFs::Impl::TruncateHandle(InFlight& op, FileHandle& h, off_t size) {
+  // Replication sees the change first, and may make it wait (a snapshot's
+  // write gate): admitted again after that, and once more after it landed.
+  WriteGuard guard;
+  if (h.watch) guard = h.watch->BeforeTruncate(h.inode->file.role, static_cast<std::uint64_t>(size));
+  if (int err = Admit(op); err != 0) return err;
+  BeforeBackingCall();
+  if (::ftruncate(h.fd.get(), size) != 0) return errno;
+  return Landed(op);
+}
+
 int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi,
                              struct stat* out) {
-  if (ino < kFirstFileIno) return EPERM;  // the layout's directories are fixed
-  auto view = View();  // held until the change reached the backing file
-  auto inode = FindInode(ino);
-  FileHandle* h = fi != nullptr ? HandleOf(fi) : nullptr;
+  if (ino < kFirstFileIno) return EPERM;  // the layout's directories and control files are fixed
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (fi != nullptr && fi->fh != 0 && h == nullptr) return EBADF;
+  std::shared_ptr<FileInode> inode = h != nullptr ? h->inode : inodes_.Find(ino);
+  if (inode == nullptr) return ESTALE;
+  // Held until the change reached the backing file. Without a handle, the
+  // range serving the file now admits the change, and every later check
+  // needs the same token: one range, read once.
+  InFlight op;
   if (h != nullptr) {
-    if (int err = CheckHandle(*view, *h); err != 0) return err;
-    inode = h->inode;
-  } else if (inode == nullptr || view->Find(inode->file.slot, Now()) == nullptr) {
-    return ESTALE;
+    if (int err = CheckHandle(op, *h); err != 0) return err;
+  } else {
+    op.slot = inode->file.slot;
+    op.role = inode->file.role;
+    op.by_name = true;
+    if (Admit(op) != 0) return ESTALE;
   }
-  std::string proc = ProcPath(inode->path_fd.get());
+  // The file itself: the handle's descriptor, or the name, checked to still
+  // be the file the kernel knows.
+  UniqueFd by_name;
+  if (h == nullptr) {
+    if (int err = backing_.OpenFile(*inode, O_PATH, &by_name); err != 0) return err;
+  }
+  const int fd = h != nullptr ? h->fd.get() : by_name.get();
+  std::string proc = ProcPath(fd);
   if (to_set & FUSE_SET_ATTR_MODE) {
     if (::chmod(proc.c_str(), attr->st_mode & 07777) != 0) return errno;
   }
   if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
     uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : static_cast<uid_t>(-1);
     gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : static_cast<gid_t>(-1);
-    if (::fchownat(inode->path_fd.get(), "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
-      return errno;
-    }
+    if (::fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
   }
   if (to_set & FUSE_SET_ATTR_SIZE) {
-    std::shared_ptr<TenantWatch> watch =
-        h != nullptr ? h->watch
-                     : WatchOf(*inode, view->Find(inode->file.slot, Now())->token.epoch);
-    WriteGuard guard;
-    if (watch) guard = watch->BeforeTruncate(inode->file.role, static_cast<std::uint64_t>(attr->st_size));
-    int rc = h != nullptr ? ::ftruncate(h->fd.get(), attr->st_size)
-                          : ::truncate(proc.c_str(), attr->st_size);
-    if (rc != 0) return errno;
+    if (h != nullptr) {
+      if (int err = TruncateHandle(op, *h, attr->st_size); err != 0) return err;
+    } else {
+      std::shared_ptr<TenantWatch> watch = WatchOf(inode->file, op.token->epoch);
+      WriteGuard guard;
+      if (watch) {
+        guard = watch->BeforeTruncate(inode->file.role, static_cast<std::uint64_t>(attr->st_size));
+      }
+      if (int err = Admit(op); err != 0) return err;
+      BeforeBackingCall();
+      if (::truncate(proc.c_str(), attr->st_size) != 0) return errno;
+      if (int err = Landed(op); err != 0) return err;
+    }
   }
   if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
     struct timespec tv[2];
@@ -922,7 +699,7 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
     else if (to_set & FUSE_SET_ATTR_MTIME) tv[1] = attr->st_mtim;
     if (::utimensat(AT_FDCWD, proc.c_str(), tv, 0) != 0) return errno;
   }
-  if (::fstat(inode->path_fd.get(), out) != 0) return errno;
+  if (::fstat(fd, out) != 0) return errno;
   out->st_ino = ino;
   return 0;
 }
@@ -965,41 +742,50 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
   int bucket = BucketOfIno(parent);
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;
-  auto view = View();
-  const ServedRange* served = view->accepting() ? view->Find(file->slot, Now()) : nullptr;
-  if (served == nullptr) return ENOENT;
-  int bfd = BucketFd(bucket);
+  InFlight op;
+  op.slot = file->slot;
+  op.role = file->role;
+  op.by_name = true;
+  op.tenant_open = TenantOpen(file->main_path);
+  if (Admit(op) != 0) return ENOENT;
+  const std::uint64_t epoch = op.token->epoch;
+  int bfd = backing_.BucketFd(bucket);
   if (bfd < 0) return ENOENT;
   // Only regular files are fleet files; anything else stays hidden.
   struct stat st;
   if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
-  if (!S_ISREG(st.st_mode)) return ENOENT;
+  if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
   {
     // Deleting a WAL is the last moment to capture its commits; finishing a
-    // journal is a commit.
+    // journal is a commit. Replication may make the unlink wait.
     std::shared_ptr<TenantWatch> watch;
-    if (options_.hooks && file->role != FileRole::kMain) {
-      watch = options_.hooks->Watch(*file, served->token.epoch);
-    }
+    if (file->role != FileRole::kMain) watch = WatchOf(*file, epoch);
     WriteGuard guard;
     if (watch) guard = watch->BeforeUnlink(file->role);
+    if (int err = Admit(op); err != 0) return err;
+    BeforeBackingCall();
     if (::unlinkat(bfd, name, 0) != 0) return errno;
+    // Landed after the lease end: no more changes (no sidecars removed, no
+    // tombstone), and the caller is not told it succeeded.
+    if (int err = Landed(op); err != 0) return err;
   }
   if (file->role == FileRole::kMain && options_.hooks) {
-    options_.hooks->Deleted(*file, served->token.epoch);  // a tombstone: not restored behind the user
+    options_.hooks->Deleted(*file, epoch);  // a tombstone: not restored behind the user
   }
   if (file->role == FileRole::kMain) {
     // Deleting the main file deletes the tenant: its sidecars go with it.
     FenceJob forget;
     for (std::string_view suffix : kSidecarSuffixes) {
       std::string sidecar = std::string(name) + std::string(suffix);
-      if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) forget.entries.emplace_back(parent, sidecar);
+      if (::unlinkat(bfd, sidecar.c_str(), 0) == 0) {
+        forget.entries.push_back(EntryName{parent, sidecar});
+      }
     }
     spdlog::info("vfs: deleted tenant {}/{} (slot {}) and {} sidecars", BucketName(bucket), name,
                  file->slot, forget.entries.size());
     // The kernel may still hold the sidecars' names; they are forgotten from
     // the fence thread, since this thread is answering a request.
-    if (!forget.entries.empty()) QueueFence(std::move(forget));
+    if (!forget.entries.empty()) fence_.Queue(std::move(forget));
   }
   return 0;
 }
@@ -1013,59 +799,86 @@ void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) 
 
 // ---- open, create, release ----
 
+int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared) {
+  auto inode = inodes_.Find(ino);
+  if (inode == nullptr) return ino < kFirstFileIno ? EISDIR : ESTALE;
+  InFlight op;
+  op.slot = inode->file.slot;
+  op.role = inode->file.role;
+  op.by_name = true;
+  op.tenant_open = TenantOpen(inode->file.main_path);
+  if (Admit(op) != 0) return ESTALE;
+  const std::uint64_t epoch = op.token->epoch;
+  const bool main = inode->file.role == FileRole::kMain && options_.hooks != nullptr;
+  // An inode the kernel kept (an open descriptor, reopened through
+  // /proc/PID/fd/N) skips the lookup: a main file not prepared for the epoch
+  // served now goes through the same check as a lookup before it is opened.
+  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
+    DeferOpen(req, ino, *fi, inode->file, epoch);
+    return kDeferred;
+  }
+  if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
+  auto h = std::make_unique<FileHandle>();
+  // O_TRUNC is done below, through replication and under the lease rule.
+  int flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW | O_TRUNC);
+  if (int err = backing_.OpenFile(*inode, flags, &h->fd); err != 0) return err;
+  h->inode = inode;
+  h->token = *op.token;
+  h->watch = WatchOf(inode->file, epoch);
+  if (fi->flags & O_TRUNC) {
+    if (int err = TruncateHandle(op, *h, 0); err != 0) return err;
+  }
+  // Every process goes through this mount, so cached pages stay true; a
+  // fence drops them.
+  fi->keep_cache = 1;
+  AddHandle(h.get());
+  fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
+  return 0;
+}
+
+void FleetFs::Impl::ReplyOpen(fuse_req_t req, fuse_file_info* fi) {
+  if (fuse_reply_open(req, fi) != 0) {
+    // The opener was interrupted: the kernel will not release this handle.
+    DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
+  }
+}
+
+void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
+                              const FleetFile& file, std::uint64_t epoch) {
+  stats_.Count(Op::kOpen);
+  // As Defer: the reply comes from the replicator's thread, with a copy of
+  // the request's file info (the handler's is gone by then).
+  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi](int err) mutable {
+    if (err == 0) err = DoOpen(req, ino, &info, /*prepared=*/true);
+    if (err != 0) {
+      CountError(Op::kOpen, err);
+      fuse_reply_err(req, err);
+      return;
+    }
+    ReplyOpen(req, &info);
+  });
+}
+
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
-  if (ino == kStatusIno || ino == kRangesIno) {
-    if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+  if (ControlFiles::IsFile(ino)) {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
       self.Failed(req, Op::kOpen, EACCES);
       return;
     }
     auto h = std::make_unique<VirtualHandle>();
-    const auto& make = ino == kStatusIno ? self.options_.status_json : self.options_.ranges_text;
-    if (make) h->content = make();
-    self.Keep(self.virtual_handles_, h.get());
-    fi->fh = reinterpret_cast<uintptr_t>(h.release());
+    h->content = self.control_.Contents(ino);
+    self.AddHandle(h.get());
+    fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
     fi->direct_io = 1;
     self.stats_.Count(Op::kOpen);
-    if (fuse_reply_open(req, fi) != 0) {  // interrupted: no release will come
-      self.Discard(self.virtual_handles_,
-                   reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
-    }
+    self.ReplyOpen(req, fi);
     return;
   }
-  auto view = self.View();
-  auto inode = self.FindInode(ino);
-  int err = 0;
-  const ServedRange* served = nullptr;
-  if (inode == nullptr) {
-    err = ino < kFirstFileIno ? EISDIR : ESTALE;
-  } else if (served = view->Find(inode->file.slot, self.Now());
-             served == nullptr || !view->accepting()) {
-    err = ESTALE;
-  }
-  auto h = std::make_unique<FileHandle>();
-  if (err == 0) {
-    // The descriptor is reopened through /proc, which is a symlink: O_NOFOLLOW
-    // was already honoured by the lookup (only regular files are visible).
-    int flags = (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC;
-    h->fd = UniqueFd(::open(ProcPath(inode->path_fd.get()).c_str(), flags));
-    if (!h->fd.valid()) err = errno;
-  }
+  int err = self.DoOpen(req, ino, fi, /*prepared=*/false);
+  if (err == kDeferred) return;
   if (self.Failed(req, Op::kOpen, err)) return;
-  h->inode = inode;
-  h->token = served->token;
-  h->watch = self.WatchOf(*inode, served->token.epoch);
-  // Every process goes through this mount, so cached pages stay true; a
-  // fence drops them.
-  fi->keep_cache = 1;
-  self.AddHandle(h.get());
-  fi->fh = reinterpret_cast<uintptr_t>(h.release());
-  if (fuse_reply_open(req, fi) != 0) {
-    // The opener was interrupted: the kernel will not release this handle.
-    FileHandle* lost = HandleOf(fi);
-    self.RemoveHandle(lost);
-    delete lost;
-  }
+  self.ReplyOpen(req, fi);
 }
 
 int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -1074,52 +887,90 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   int bucket = BucketOfIno(parent);
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return EPERM;  // not a fleet file: no such file may exist here
-  auto view = View();  // held until the file exists with its stamp
-  const ServedRange* served = view->Find(file->slot, Now());
-  if (served == nullptr || !view->accepting()) return EREMOTE;  // another host's slot
+  InFlight op;  // held until the file exists with its stamp
+  op.slot = file->slot;
+  op.role = file->role;
+  op.by_name = true;
+  op.tenant_open = TenantOpen(file->main_path);
+  if (Admit(op) != 0) return EREMOTE;  // another host's slot, or a new tenant while draining
+  const std::uint64_t epoch = op.token->epoch;
   if (!options_.allow_create && file->role == FileRole::kMain) {
     struct stat st;
-    int bfd = BucketFd(bucket);
+    int bfd = backing_.BucketFd(bucket);
     if (bfd < 0 || ::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return EPERM;
   }
-  int bfd = EnsureBucket(bucket);
+  int bfd = backing_.EnsureBucket(bucket);
   if (bfd < 0) return -bfd;
-  // O_EXCL first, to know whether this call made the file.
-  int flags = (fi->flags & ~(O_NOCTTY | O_CREAT | O_EXCL)) | O_NOFOLLOW | O_CLOEXEC;
+  if (int err = Admit(op); err != 0) return err;  // right before the backing call
+  // O_EXCL first, to know whether this call made the file. O_TRUNC is done
+  // below, through replication, for a file that was there.
+  int flags = (fi->flags & ~(O_NOCTTY | O_CREAT | O_EXCL | O_TRUNC)) | O_NOFOLLOW | O_CLOEXEC;
   UniqueFd fd(::openat(bfd, name, flags | O_CREAT | O_EXCL, mode & 07777));
-  bool created = fd.valid();
-  if (!created && errno == EEXIST && !(fi->flags & O_EXCL)) {
-    fd = UniqueFd(::openat(bfd, name, flags));
-  }
-  if (!fd.valid()) return errno;
+  const bool created = fd.valid();
+  const fuse_ctx* ctx = fuse_req_ctx(req);
   struct stat st;
+  if (!created) {
+    if (errno != EEXIST || (fi->flags & O_EXCL)) return errno;
+    // The file is there although the kernel believed the name absent (a
+    // negative entry older than the file, or a create racing a lookup): the
+    // kernel checked only the directory, and this process is root. So check
+    // as the kernel would, against the file found, before opening it.
+    if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
+    if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
+    Caller caller{ctx->uid, ctx->gid, {}};
+    gid_t groups[64];
+    int n = fuse_req_getgroups(req, 64, groups);
+    if (n > 64) {
+      caller.groups.resize(static_cast<std::size_t>(n));
+      n = fuse_req_getgroups(req, n, caller.groups.data());
+      caller.groups.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    } else if (n > 0) {
+      caller.groups.assign(groups, groups + n);
+    }
+    if (!MayAccess(st, caller, AccessWanted(fi->flags))) return EACCES;
+    fd = UniqueFd(::openat(bfd, name, flags));
+    if (!fd.valid()) return errno == ELOOP ? backing_.NotAFleetFile(bucket, name, st) : errno;
+    struct stat opened;
+    if (::fstat(fd.get(), &opened) != 0) return errno;
+    // Replaced between the check and the open: the check was of another file.
+    if (opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) return EAGAIN;
+  }
   if (::fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return EPERM;
   if (created) {
     // A file an application creates belongs to that application's user and
     // group, as on a local file system (the agent itself runs as root).
-    const fuse_ctx* ctx = fuse_req_ctx(req);
     if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return errno;
   }
   if (created && file->role == FileRole::kMain) {
     spdlog::info("vfs: created tenant {}/{} (slot {}, epoch {}) for uid {}", BucketName(bucket),
-                 name, file->slot, served->token.epoch, fuse_req_ctx(req)->uid);
+                 name, file->slot, epoch, ctx->uid);
     // The stamp: the epoch this file was made under, and whose file it is.
-    if (Status stamped = WriteStamps(fd.get(), served->token.epoch, file->key, file->main_path);
+    if (Status stamped = WriteStamps(fd.get(), epoch, file->key, file->main_path);
         !stamped.ok()) {
       spdlog::warn("vfs: {}", stamped.message());
     }
   }
-  UniqueFd path_fd(::openat(bfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!path_fd.valid()) return errno;
+  if (int err = Landed(op); err != 0) return err;
   if (::fstat(fd.get(), &st) != 0) return errno;
-  auto inode = Remember(bucket, name, *file, std::move(path_fd), st);
-  if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(served->token.epoch);
+  auto inode = inodes_.Remember(bucket, name, *file, st);
+  if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(epoch);
+  {
+    std::lock_guard lock(negative_mu_);
+    negative_.Forget(parent, name);  // there now: no absence to forget later
+  }
   auto h = std::make_unique<FileHandle>();
   h->fd = std::move(fd);
   h->inode = inode;
-  h->token = served->token;
-  h->watch = WatchOf(*inode, served->token.epoch);
+  h->token = *op.token;
+  h->watch = WatchOf(inode->file, epoch);
+  if (!created && (fi->flags & O_TRUNC) && st.st_size != 0) {
+    if (int err = TruncateHandle(op, *h, 0); err != 0) {
+      inodes_.Forget(inode->ino, 1);
+      return err;
+    }
+    if (::fstat(h->fd.get(), &st) != 0) st.st_size = 0;
+  }
   st.st_ino = inode->ino;
   e->ino = inode->ino;
   e->attr = st;
@@ -1127,7 +978,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   e->entry_timeout = kEntryTimeout;
   fi->keep_cache = 1;
   AddHandle(h.get());
-  fi->fh = reinterpret_cast<uintptr_t>(h.release());
+  fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
   return 0;
 }
 
@@ -1138,23 +989,14 @@ void FleetFs::Impl::Create(fuse_req_t req, fuse_ino_t parent, const char* name, 
   int err = self.DoCreate(req, parent, name, mode, fi, &e);
   if (self.Failed(req, Op::kCreate, err)) return;
   if (fuse_reply_create(req, &e, fi) != 0) {
-    FileHandle* lost = HandleOf(fi);
-    self.RemoveHandle(lost);
-    delete lost;
+    self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   }
 }
 
-void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Impl& self = Self(req);
   self.stats_.Count(Op::kRelease);
-  if (ino == kStatusIno || ino == kRangesIno) {
-    self.Discard(self.virtual_handles_,
-                 reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh)));
-  } else {
-    FileHandle* h = HandleOf(fi);
-    self.RemoveHandle(h);
-    delete h;  // closes the backing descriptor; no write happens on close
-  }
+  if (fi->fh != 0) self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   fuse_reply_err(req, 0);
 }
 
@@ -1166,12 +1008,12 @@ void FleetFs::Impl::Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
 
 // ---- the hot path: read, write, fsync, fallocate ----
 
-void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
                          fuse_file_info* fi) {
   Impl& self = Self(req);
-  if (ino == kStatusIno || ino == kRangesIno) {
-    const std::string& c = reinterpret_cast<VirtualHandle*>(static_cast<uintptr_t>(fi->fh))->content;
-    size_t start = std::min(static_cast<size_t>(off), c.size());
+  if (VirtualHandle* v = HandleAs<VirtualHandle>(fi); v != nullptr) {
+    const std::string& c = v->content;
+    size_t start = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), c.size());
     // The reply is sent from a copy: once the kernel has it, the reader may
     // close the file and its release may free the handle while this thread
     // is still returning from the write to /dev/fuse.
@@ -1181,9 +1023,13 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     fuse_reply_buf(req, chunk.data(), chunk.size());
     return;
   }
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();
-  int err = self.CheckHandle(*view, *h);
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    self.Failed(req, Op::kRead, EBADF);
+    return;
+  }
+  InFlight op;
+  int err = self.CheckHandle(op, *h);
   thread_local std::vector<char> buffer;
   ssize_t n = 0;
   if (err == 0) {
@@ -1198,20 +1044,27 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                           fuse_file_info* fi) {
   Impl& self = Self(req);
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();  // a fence waits until this write is done
-  int err = self.CheckHandle(*view, *h);
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    self.Failed(req, Op::kWrite, EBADF);  // a control file or directory: never written
+    return;
+  }
+  InFlight op;  // its views are held until the write is answered: a fence waits for it
+  int err = self.CheckHandle(op, *h);
   ssize_t n = 0;
   if (err == 0) {
-    if (self.options_.before_backing_write) self.options_.before_backing_write();
     // Replication sees the change first; a WAL restart waits here until the
-    // old log's commits are captured.
+    // old log's commits are captured, a snapshot holds its write gate.
     WriteGuard guard;
     if (h->watch) {
       guard = h->watch->BeforeWrite(h->inode->file.role, static_cast<std::uint64_t>(off), buf, size);
     }
-    n = ::pwrite(h->fd.get(), buf, size, off);
-    if (n < 0) err = errno;
+    err = self.Admit(op);  // after the wait, right before the backing call
+    if (err == 0) {
+      self.BeforeBackingCall();
+      n = ::pwrite(h->fd.get(), buf, size, off);
+      err = n < 0 ? errno : self.Landed(op);
+    }
   }
   if (self.Failed(req, Op::kWrite, err)) return;
   fuse_reply_write(req, static_cast<size_t>(n));
@@ -1219,10 +1072,23 @@ void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t si
 
 void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   Impl& self = Self(req);
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();
-  int err = self.CheckHandle(*view, *h);
-  if (err == 0 && (datasync ? ::fdatasync(h->fd.get()) : ::fsync(h->fd.get())) != 0) err = errno;
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    // A control file holds nothing to sync (as fsync(2) on a file that
+    // cannot be synced: EINVAL).
+    self.Failed(req, Op::kFsync, HandleAs<VirtualHandle>(fi) != nullptr ? EINVAL : EBADF);
+    return;
+  }
+  InFlight op;
+  int err = self.CheckHandle(op, *h);
+  if (err == 0) {
+    self.BeforeBackingCall();
+    if ((datasync ? ::fdatasync(h->fd.get()) : ::fsync(h->fd.get())) != 0) {
+      err = errno;
+    } else {
+      err = self.Landed(op);  // durable only once the lease had not ended
+    }
+  }
   if (self.Failed(req, Op::kFsync, err)) return;
   fuse_reply_err(req, 0);
 }
@@ -1230,10 +1096,17 @@ void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_in
 void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
                               fuse_file_info* fi) {
   Impl& self = Self(req);
-  FileHandle* h = HandleOf(fi);
-  auto view = self.View();
-  int err = self.CheckHandle(*view, *h);
-  if (err == 0 && ::fallocate(h->fd.get(), mode, off, len) != 0) err = errno;
+  FileHandle* h = HandleAs<FileHandle>(fi);
+  if (h == nullptr) {
+    self.Failed(req, Op::kFallocate, EBADF);
+    return;
+  }
+  InFlight op;
+  int err = self.CheckHandle(op, *h);
+  if (err == 0) {
+    self.BeforeBackingCall();
+    err = ::fallocate(h->fd.get(), mode, off, len) != 0 ? errno : self.Landed(op);
+  }
   if (self.Failed(req, Op::kFallocate, err)) return;
   fuse_reply_err(req, 0);
 }
@@ -1248,11 +1121,13 @@ void FleetFs::Impl::Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
   }
   // The listing is made at the first readdir: SQLite opens a directory only
   // to fsync it, once per new journal, and that must stay cheap.
-  auto* dir = new DirHandle();
-  self.Keep(self.dir_handles_, dir);
-  fi->fh = reinterpret_cast<uintptr_t>(dir);
+  auto dir = std::make_unique<DirHandle>();
+  self.AddHandle(dir.get());
+  fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(dir.release()));
   self.stats_.Count(Op::kOpendir);
-  if (fuse_reply_open(req, fi) != 0) self.Discard(self.dir_handles_, dir);  // interrupted
+  if (fuse_reply_open(req, fi) != 0) {  // interrupted: no release will come
+    self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
+  }
 }
 
 int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
@@ -1260,18 +1135,18 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
   dir.entries.push_back({"..", kRootIno, S_IFDIR});
   if (ino == kRootIno) {
     for (int b = 0; b < kBucketCount; ++b) {
-      dir.entries.push_back({BucketName(b), kFirstBucketIno + static_cast<fuse_ino_t>(b), S_IFDIR});
+      dir.entries.push_back({BucketName(b), BucketIno(b), S_IFDIR});
     }
     dir.entries.push_back({std::string(kControlDirName), kControlDirIno, S_IFDIR});
     return 0;
   }
   if (ino == kControlDirIno) {
-    dir.entries.push_back({std::string(kStatusName), kStatusIno, S_IFREG});
-    dir.entries.push_back({std::string(kRangesName), kRangesIno, S_IFREG});
+    for (auto& entry : ControlFiles::List()) dir.entries.push_back(std::move(entry));
     return 0;
   }
+  if (!IsBucketIno(ino)) return ENOTDIR;
   int bucket = BucketOfIno(ino);
-  int bfd = BucketFd(bucket);
+  int bfd = backing_.BucketFd(bucket);
   if (bfd < 0) return 0;
   int dup = ::openat(bfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dup < 0) return errno;
@@ -1297,9 +1172,9 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
 void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                             fuse_file_info* fi) {
   Impl& self = Self(req);
-  auto* dir = reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh));
-  int err = 0;
-  if (off == 0 || !dir->listed) {
+  DirHandle* dir = HandleAs<DirHandle>(fi);
+  int err = dir == nullptr ? EBADF : 0;
+  if (err == 0 && (off == 0 || !dir->listed)) {
     dir->entries.clear();
     err = self.ListDir(ino, *dir);
     dir->listed = true;
@@ -1307,7 +1182,7 @@ void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
   if (self.Failed(req, Op::kReaddir, err)) return;
   std::vector<char> buf(size);
   size_t used = 0;
-  for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < dir->entries.size(); ++i) {
     const auto& entry = dir->entries[i];
     struct stat st {};
     st.st_ino = entry.ino;
@@ -1322,14 +1197,14 @@ void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t o
 
 void FleetFs::Impl::Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Impl& self = Self(req);
-  self.Discard(self.dir_handles_, reinterpret_cast<DirHandle*>(static_cast<uintptr_t>(fi->fh)));
+  if (fi->fh != 0) self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   fuse_reply_err(req, 0);
 }
 
 void FleetFs::Impl::Fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
   Impl& self = Self(req);
-  int fd = ino == kRootIno ? self.root_fd_.get()
-           : IsBucketIno(ino) ? self.BucketFd(BucketOfIno(ino))
+  int fd = ino == kRootIno ? self.backing_.root_fd()
+           : IsBucketIno(ino) ? self.backing_.BucketFd(BucketOfIno(ino))
                               : -1;
   int err = 0;
   // SQLite syncs the directory after creating a journal, so its name is durable.
@@ -1341,7 +1216,7 @@ void FleetFs::Impl::Fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_
 void FleetFs::Impl::Statfs(fuse_req_t req, fuse_ino_t) {
   Impl& self = Self(req);
   struct statvfs st {};
-  int err = ::fstatvfs(self.root_fd_.get(), &st) == 0 ? 0 : errno;
+  int err = ::fstatvfs(self.backing_.root_fd(), &st) == 0 ? 0 : errno;
   if (self.Failed(req, Op::kStatfs, err)) return;
   fuse_reply_statfs(req, &st);
 }

@@ -16,6 +16,20 @@
 // fleetfs implements no lock operation: the kernel keeps SQLite's POSIX
 // locks, coherent for every process that uses the mount.
 //
+// An operation that changes a backing file is admitted again after anything
+// it waited for (replication's hooks) and right before the backing call, and
+// one whose backing call returned after its range's local lease ended is
+// answered ESTALE. Every local user is an untrusted client: each handle has a
+// kind checked by every handler, and an inode holds no descriptor (the
+// backing file is opened by name under its bucket when needed), so what the
+// kernel caches costs no descriptors.
+//
+// The parts: fleet_fs.cc (the FUSE handlers), inode_table (inode numbers),
+// negative_names (absent names the kernel caches), fence (what the kernel is
+// told when a range is withdrawn), control_files (.fleetfs/), permission
+// (the kernel's access rule, for a create that finds a file), refusal_log
+// (rate-limited log lines), and serving_view (the admission rule).
+//
 // Thread-safety: Publish, WaitForFences, stats and the open-handle counts
 // are safe from any thread. The FUSE session runs on its own threads.
 #pragma once
@@ -47,8 +61,9 @@ struct MountOptions {
   // Called once, from the session's thread, when the session ends without
   // Unmount (someone unmounted it, or the kernel aborted the connection).
   std::function<void()> on_session_end;
-  // Called on the FUSE thread just before a write reaches the backing file,
-  // with the operation's view held. Tests use it to keep a write in flight.
+  // Called on the FUSE thread just before a write, truncate, allocate, fsync
+  // or unlink reaches the backing file: after its last admission check, with
+  // the operation's views held. Tests use it to keep a call in flight.
   std::function<void()> before_backing_write;
   // Replication (may be null): told of every change to a main file, -wal or
   // -journal before it reaches the disk, and asked to prepare each main file

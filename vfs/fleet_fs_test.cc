@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -24,11 +27,23 @@ using std::chrono::seconds;
 // Moves only when the test moves it; read from FUSE threads.
 class FakeClock final : public MonotonicClock {
  public:
-  MonoTime Now() const override { return MonoTime(std::chrono::nanoseconds(ns_.load())); }
+  MonoTime Now() const override {
+    std::int64_t now = ns_.load();
+    // Armed: this read still sees the time before the jump, every later one after.
+    if (jump_armed_.exchange(false)) ns_ += jump_ns_.load();
+    return MonoTime(std::chrono::nanoseconds(now));
+  }
   void Advance(std::chrono::nanoseconds d) { ns_ += d.count(); }
+  // The next read returns the time now; the clock then moves on by `d`.
+  void JumpAfterNextRead(std::chrono::nanoseconds d) {
+    jump_ns_ = d.count();
+    jump_armed_ = true;
+  }
 
  private:
-  std::atomic<std::int64_t> ns_{1'000'000'000'000};
+  mutable std::atomic<std::int64_t> ns_{1'000'000'000'000};
+  std::atomic<std::int64_t> jump_ns_{0};
+  mutable std::atomic<bool> jump_armed_{false};
 };
 
 class FleetFsTest : public ::testing::Test {
@@ -82,6 +97,11 @@ class FleetFsTest : public ::testing::Test {
   }
   std::string Backing(std::string_view tenant) {
     return (root_ / "backing" / TenantPath(tenant)).string();
+  }
+  // Waits (a bounded time) until a write is held inside the mount.
+  bool WaitHeld() {
+    for (int i = 0; i < 2000 && !held_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return held_.load();
   }
   static std::string Contents(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -253,15 +273,35 @@ TEST_F(FleetFsTest, the_bucket_directories_are_always_there_and_fixed) {
 }
 
 // Replication's side, faked: keys named "slow..." are prepared only when the
-// test lets them go; every other key at once, on the calling thread.
+// test lets them go (while hold_slow is set); every other key at once, on the
+// calling thread. Keys named "gate..." have a watch whose every hook waits
+// while the test keeps its gate closed (as a snapshot's write gate or a WAL
+// capture makes a write wait).
 class FakeHooks final : public TenantHooks {
  public:
-  std::shared_ptr<TenantWatch> Watch(const FleetFile&, std::uint64_t) override { return nullptr; }
-  void Prepare(const FleetFile& main, std::uint64_t, std::function<void(int)> done) override {
+  class GateWatch final : public TenantWatch {
+   public:
+    explicit GateWatch(FakeHooks* hooks) : hooks_(hooks) {}
+    WriteGuard BeforeWrite(FileRole, std::uint64_t, const char*, std::size_t) override {
+      return hooks_->Pass();
+    }
+    WriteGuard BeforeTruncate(FileRole, std::uint64_t) override { return hooks_->Pass(); }
+    WriteGuard BeforeUnlink(FileRole) override { return hooks_->Pass(); }
+
+   private:
+    FakeHooks* hooks_;
+  };
+
+  std::shared_ptr<TenantWatch> Watch(const FleetFile& file, std::uint64_t) override {
+    if (file.key.rfind("gate", 0) == 0) return std::make_shared<GateWatch>(this);
+    return nullptr;
+  }
+  void Prepare(const FleetFile& main, std::uint64_t epoch, std::function<void(int)> done) override {
     {
       std::lock_guard lock(mu_);
       prepared_.push_back(main.key);
-      if (main.key.rfind("slow", 0) == 0) {
+      prepared_at_.emplace_back(main.key, epoch);
+      if (main.key.rfind("slow", 0) == 0 && hold_slow.load()) {
         held_.push_back(std::move(done));
         return;
       }
@@ -292,11 +332,33 @@ class FakeHooks final : public TenantHooks {
     std::lock_guard lock(mu_);
     return deleted_;
   }
+  std::vector<std::pair<std::string, std::uint64_t>> prepared_at() {
+    std::lock_guard lock(mu_);
+    return prepared_at_;
+  }
+  // Whether "slow..." keys are held.
+  std::atomic<bool> hold_slow{true};
+  // While closed, every hook of a "gate..." key waits.
+  std::atomic<bool> gate_closed{false};
+  std::atomic<int> at_gate{0};  // hooks that reached the gate while it was closed
+  bool WaitAtGate() {
+    for (int i = 0; i < 2000 && at_gate.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return at_gate.load() > 0;
+  }
 
  private:
-  std::mutex mu_;  // guards the three below
+  WriteGuard Pass() {
+    if (gate_closed.load()) ++at_gate;
+    while (gate_closed.load()) std::this_thread::yield();
+    return WriteGuard();
+  }
+
+  std::mutex mu_;  // guards the four below
   std::vector<std::function<void(int)>> held_;
   std::vector<std::string> prepared_;
+  std::vector<std::pair<std::string, std::uint64_t>> prepared_at_;
   std::vector<std::string> deleted_;
 };
 
@@ -344,6 +406,195 @@ TEST_F(FleetFsHooksTest, a_stamped_file_needs_no_prepare_and_a_delete_is_reporte
   EXPECT_EQ(hooks_.prepared().size(), before);
   ASSERT_EQ(::unlink(Mounted("made").c_str()), 0);
   EXPECT_EQ(hooks_.deleted(), std::vector<std::string>{"made"});
+}
+
+// ---- issue 9: the mount against pauses, lapses and local users ----
+
+TEST_F(FleetFsTest, a_truncate_by_path_at_the_moment_of_a_lapse_is_refused_and_the_agent_goes_on) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "kept", 4, 0), 4);
+  ::close(fd);
+  struct stat st;
+  ASSERT_EQ(::stat(Mounted("acme").c_str(), &st), 0);  // entry and attributes cached
+  // The truncate's first look at the clock is inside the lease; every later
+  // one is past its end (the lease is 10 s long).
+  clock_.JumpAfterNextRead(seconds(11));
+  EXPECT_EQ(::truncate(Mounted("acme").c_str(), 0), -1);
+  // The mount answers ESTALE; the kernel retries a path operation answered
+  // ESTALE once with a fresh lookup, which finds the name no longer served.
+  EXPECT_TRUE(errno == ESTALE || errno == ENOENT) << std::strerror(errno);
+  EXPECT_EQ(Contents(Backing("acme")), "kept");
+  // The mount still answers.
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  EXPECT_EQ(Contents(Mounted("acme")), "kept");
+}
+
+TEST_F(FleetFsTest, an_allocate_that_returns_after_the_lease_end_is_answered_estale) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  hold_writes_ = true;
+  std::atomic<int> rc{-2}, err{0};
+  std::thread allocating([&] {
+    rc = ::fallocate(fd, 0, 0, 4096);
+    err = errno;
+  });
+  bool held = WaitHeld();
+  clock_.Advance(seconds(10));  // the lease ends while the call is in the backing file system
+  hold_writes_ = false;
+  allocating.join();
+  EXPECT_TRUE(held) << "the allocate never reached the backing call";
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ESTALE);
+  ::close(fd);
+}
+
+TEST_F(FleetFsTest, an_fsync_that_returns_after_the_lease_end_is_answered_estale) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "x", 1, 0), 1);
+  hold_writes_ = true;
+  std::atomic<int> rc{-2}, err{0};
+  std::thread syncing([&] {
+    rc = ::fsync(fd);
+    err = errno;
+  });
+  bool held = WaitHeld();
+  clock_.Advance(seconds(10));
+  hold_writes_ = false;
+  syncing.join();
+  EXPECT_TRUE(held) << "the fsync never reached the backing call";
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ESTALE);
+  ::close(fd);
+}
+
+TEST_F(FleetFsTest, a_draining_view_lets_a_tenant_with_an_open_handle_finish_its_journal) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  fs_->Publish(ServeAll(1, 1, seconds(10), /*accepting=*/false));
+  const std::string journal = Mounted("acme") + "-journal";
+  int j = ::open(journal.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(j, 0) << std::strerror(errno);
+  EXPECT_EQ(::pwrite(j, "hot", 3, 0), 3);
+  EXPECT_EQ(::fsync(j), 0);
+  ::close(j);
+  EXPECT_EQ(::unlink(journal.c_str()), 0) << std::strerror(errno);
+  EXPECT_FALSE(std::filesystem::exists(Backing("acme") + "-journal"));
+  // A tenant with no open handle is new here: refused.
+  EXPECT_EQ(::open(Mounted("globex").c_str(), O_CREAT | O_RDWR, 0644), -1);
+  EXPECT_EQ(errno, EREMOTE);
+  EXPECT_EQ(::open((Mounted("globex") + "-journal").c_str(), O_CREAT | O_RDWR, 0644), -1);
+  EXPECT_EQ(errno, EREMOTE);
+  ::close(fd);
+}
+
+TEST_F(FleetFsTest, a_lookup_creates_nothing_in_the_backing_directory) {
+  struct stat st;
+  for (int i = 0; i < 50; ++i) {
+    std::string tenant = "absent" + std::to_string(i);
+    EXPECT_EQ(::stat(Mounted(tenant).c_str(), &st), -1);
+    EXPECT_EQ(errno, ENOENT);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(root_ / "backing"));
+}
+
+TEST_F(FleetFsHooksTest, a_write_that_waited_past_the_lease_end_in_replication_fails_and_changes_nothing) {
+  int fd = ::open(Mounted("gate").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "before", 6, 0), 6);
+  hooks_.gate_closed = true;  // a snapshot holds the write gate
+  std::atomic<ssize_t> rc{-2};
+  std::atomic<int> err{0};
+  std::thread writer([&] {
+    rc = ::pwrite(fd, "after!", 6, 0);
+    err = errno;
+  });
+  ASSERT_TRUE(hooks_.WaitAtGate());
+  clock_.Advance(seconds(10));  // the lease ends while the write waits
+  hooks_.gate_closed = false;
+  writer.join();
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ESTALE);
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("gate")), "before");
+}
+
+TEST_F(FleetFsHooksTest, a_truncate_that_waited_past_the_lease_end_in_replication_fails_and_changes_nothing) {
+  int fd = ::open(Mounted("gate").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "before", 6, 0), 6);
+  hooks_.gate_closed = true;
+  std::atomic<int> rc{-2}, err{0};
+  std::thread truncating([&] {
+    rc = ::ftruncate(fd, 1);
+    err = errno;
+  });
+  ASSERT_TRUE(hooks_.WaitAtGate());
+  clock_.Advance(seconds(10));
+  hooks_.gate_closed = false;
+  truncating.join();
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ESTALE);
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("gate")), "before");
+}
+
+TEST_F(FleetFsHooksTest, an_unlink_that_waited_past_the_lease_end_in_replication_fails_and_removes_nothing) {
+  const std::string journal = Mounted("gate") + "-journal";
+  int fd = ::open(journal.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "hot", 3, 0), 3);
+  ::close(fd);
+  hooks_.gate_closed = true;  // capturing the journal's commit
+  std::atomic<int> rc{-2}, err{0};
+  std::thread unlinking([&] {
+    rc = ::unlink(journal.c_str());
+    err = errno;
+  });
+  ASSERT_TRUE(hooks_.WaitAtGate());
+  clock_.Advance(seconds(10));
+  hooks_.gate_closed = false;
+  unlinking.join();
+  EXPECT_EQ(rc.load(), -1);
+  // ESTALE, or ENOENT from the kernel's retry of the path with a fresh lookup.
+  EXPECT_TRUE(err.load() == ESTALE || err.load() == ENOENT) << std::strerror(err.load());
+  EXPECT_EQ(Contents(Backing("gate") + "-journal"), "hot");
+}
+
+TEST_F(FleetFsHooksTest, a_file_reopened_through_proc_after_a_new_epoch_is_prepared_first) {
+  hooks_.hold_slow = false;
+  int fd = ::open(Mounted("slow1").c_str(), O_CREAT | O_RDWR, 0644);  // stamped at epoch 1
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::pwrite(fd, "one", 3, 0), 3);
+  hooks_.hold_slow = true;
+  fs_->Publish(ServeAll(2, 2, seconds(10)));  // another epoch: the old handle is fenced
+  fs_->WaitForFences();
+  EXPECT_EQ(::pwrite(fd, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ESTALE);
+  // The kernel still knows the inode through the open descriptor: opening
+  // it by /proc skips the lookup and its staleness check.
+  std::atomic<int> reopened{-2};
+  std::thread reopen([&] {
+    reopened = ::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDWR);
+  });
+  for (int i = 0; i < 2000 && hooks_.held() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(hooks_.held(), 1u) << "the reopen was not sent to Prepare";
+  EXPECT_EQ(reopened.load(), -2) << "the reopen was answered before Prepare";
+  hooks_.ReleaseAll();
+  reopen.join();
+  ASSERT_GE(reopened.load(), 0) << std::strerror(errno);
+  auto prepared = hooks_.prepared_at();
+  EXPECT_NE(std::find(prepared.begin(), prepared.end(), std::make_pair(std::string("slow1"),
+                                                                      std::uint64_t{2})),
+            prepared.end());
+  EXPECT_EQ(::pwrite(reopened.load(), "two", 3, 0), 3);
+  ::close(reopened.load());
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("slow1")), "two");
 }
 
 }  // namespace

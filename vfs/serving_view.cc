@@ -34,6 +34,14 @@ const ServedRange* ServingView::Find(Slot slot, MonoTime now) const {
   return &*it;
 }
 
+const ServedRange* ServingView::Admitting(Slot slot, FileRole role, const ServingToken& token,
+                                         MonoTime now) const {
+  const ServedRange* range = Find(slot, now);
+  if (range == nullptr) return nullptr;
+  if (range->token == token) return range;
+  return role == FileRole::kShm && range->token.epoch == token.epoch ? range : nullptr;
+}
+
 std::vector<ServedRange> ServingView::WithdrawnBy(const ServingView& next, MonoTime now) const {
   std::vector<ServedRange> withdrawn;
   for (const ServedRange& r : ranges_) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fleet/clock.h"
+#include "fleet/layout.h"
 #include "fleet/slot.h"
 #include "fleet/status.h"
 
@@ -52,10 +53,33 @@ class ServingView {
 
   // The range serving `slot` at `now`, or nullptr.
   const ServedRange* Find(Slot slot, MonoTime now) const;
-  // Whether a handle opened under `token` for `slot` may still work at `now`.
+  // The admission rule, the one place it is written: whether a handle of a
+  // `role` file of `slot`, opened under `token`, may still work at `now`. The
+  // slot must be served under the same token, except that a -shm handle of an
+  // earlier serving period at the same epoch goes on: fencing its file
+  // operations protects nothing (its users share the mapping, which bypasses
+  // the file system), and the kernel writes back every user's dirty
+  // wal-index pages through whichever handle mapped the file first, which
+  // may be a fenced one.
+  bool Admits(Slot slot, FileRole role, const ServingToken& token, MonoTime now) const {
+    return Admitting(slot, role, token, now) != nullptr;
+  }
+  // The range that admits such a handle (its valid_until is the local lease
+  // end the operation must finish before), or nullptr.
+  const ServedRange* Admitting(Slot slot, FileRole role, const ServingToken& token,
+                               MonoTime now) const;
+  // The same for a main file (no exception applies).
   bool Admits(Slot slot, const ServingToken& token, MonoTime now) const {
-    const ServedRange* range = Find(slot, now);
-    return range != nullptr && range->token == token;
+    return Admits(slot, FileRole::kMain, token, now);
+  }
+  // The range under which a name of `slot` may be looked up, opened, created
+  // or unlinked at `now`, or nullptr. While the view accepts, the serving
+  // range. While it drains, only for a tenant that still has open handles
+  // (`tenant_open`): its open transactions must be able to finish, and a
+  // rollback-journal transaction creates and deletes its -journal. A tenant
+  // with no open handle is new here, and refused.
+  const ServedRange* ForName(Slot slot, MonoTime now, bool tenant_open) const {
+    return accepting_ || tenant_open ? Find(slot, now) : nullptr;
   }
   bool accepting() const { return accepting_; }
   const std::vector<ServedRange>& ranges() const { return ranges_; }

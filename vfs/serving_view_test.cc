@@ -90,5 +90,42 @@ TEST(ServingView, a_draining_view_admits_open_handles_but_says_it_accepts_nothin
   EXPECT_EQ(nothing.Find(1, kT0), nullptr);
 }
 
+TEST(ServingView, a_wal_index_handle_is_admitted_in_a_later_period_of_the_same_epoch) {
+  ServingView again = View({Range(0, 99, 5, 2, kT0 + seconds(10))});
+  // Opened in period 1, the range served again in period 2 at the same epoch.
+  EXPECT_TRUE(again.Admits(10, FileRole::kShm, ServingToken{5, 1}, kT0));
+  EXPECT_FALSE(again.Admits(10, FileRole::kMain, ServingToken{5, 1}, kT0));
+  EXPECT_FALSE(again.Admits(10, FileRole::kWal, ServingToken{5, 1}, kT0));
+  EXPECT_FALSE(again.Admits(10, FileRole::kJournal, ServingToken{5, 1}, kT0));
+}
+
+TEST(ServingView, a_wal_index_handle_is_not_admitted_under_a_new_epoch_or_after_the_lease_end) {
+  ServingView newer = View({Range(0, 99, 6, 3, kT0 + seconds(10))});
+  EXPECT_FALSE(newer.Admits(10, FileRole::kShm, ServingToken{5, 1}, kT0));
+  ServingView same = View({Range(0, 99, 5, 2, kT0 + seconds(10))});
+  EXPECT_FALSE(same.Admits(10, FileRole::kShm, ServingToken{5, 1}, kT0 + seconds(10)));
+  EXPECT_FALSE(same.Admits(100, FileRole::kShm, ServingToken{5, 2}, kT0));
+  EXPECT_FALSE(ServingView().Admits(10, FileRole::kShm, ServingToken{5, 2}, kT0));
+}
+
+TEST(ServingView, a_draining_view_lets_a_tenant_with_open_handles_finish_but_refuses_new_ones) {
+  ServingView draining = View({Range(0, 99, 5, 1, kT0 + seconds(10))}, false);
+  EXPECT_NE(draining.ForName(10, kT0, /*tenant_open=*/true), nullptr);
+  EXPECT_EQ(draining.ForName(10, kT0, /*tenant_open=*/false), nullptr);
+  // Not past the lease end, and not in a slot it does not serve.
+  EXPECT_EQ(draining.ForName(10, kT0 + seconds(10), true), nullptr);
+  EXPECT_EQ(draining.ForName(100, kT0, true), nullptr);
+  ServingView accepting = View({Range(0, 99, 5, 1, kT0 + seconds(10))}, true);
+  EXPECT_NE(accepting.ForName(10, kT0, false), nullptr);
+}
+
+TEST(ServingView, the_admitting_range_carries_the_lease_end_an_operation_must_finish_before) {
+  ServingView view = View({Range(0, 99, 5, 2, kT0 + seconds(10))});
+  const ServedRange* range = view.Admitting(10, FileRole::kShm, ServingToken{5, 1}, kT0);
+  ASSERT_NE(range, nullptr);
+  EXPECT_EQ(range->valid_until, kT0 + seconds(10));
+  EXPECT_EQ(view.Admitting(10, FileRole::kWal, ServingToken{5, 1}, kT0), nullptr);
+}
+
 }  // namespace
 }  // namespace fleetfs::vfs

@@ -1,4 +1,5 @@
 """Two agents on two backing directories share one control database."""
+import errno
 import os
 import signal
 import sqlite3
@@ -121,10 +122,19 @@ class Shutdown(MountTest):
         fd, rel = self.open_tenant(a)
         a.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: a.status()["phase"] == "draining", 5, "A to drain", on_fail=a.log_tail)
-        # The open handle still works; nothing new is opened or created.
+        # The open handle still works, and its tenant may finish a rollback
+        # transaction (make and delete its -journal: issue 9 item 12); no new
+        # tenant is opened or created.
         self.assertEqual(os.pwrite(fd, b"still", 0), 5)
-        with self.assertRaises(OSError):
-            os.open(os.path.join(a.mount, rel + "-journal"), os.O_CREAT | os.O_RDWR, 0o644)
+        journal = os.path.join(a.mount, rel + "-journal")
+        jfd = os.open(journal, os.O_CREAT | os.O_RDWR, 0o644)
+        os.close(jfd)
+        os.unlink(journal)
+        other = tenants_in(0, 16383, 1, prefix="new")[0]
+        with self.assertRaises(OSError) as refused:
+            os.open(os.path.join(a.mount, slots(other)[other]["tenant_path"]),
+                    os.O_CREAT | os.O_RDWR, 0o644)
+        self.assertEqual(refused.exception.errno, errno.EREMOTE)
         self.assertTrue(a.running())
         os.close(fd)
         closed = time.monotonic()

@@ -264,6 +264,7 @@ class FleetFs::Impl final : public FencedFiles {
       auto* f = static_cast<FileHandle*>(h);
       file_handles_.insert(f);
       ++open_tenants_[f->inode->file.main_path];
+      open_by_ino_[f->inode->ino].insert(f);
     } else {
       other_handles_.insert(h);
     }
@@ -277,12 +278,28 @@ class FleetFs::Impl final : public FencedFiles {
         if (file_handles_.erase(f) != 0) {
           auto it = open_tenants_.find(f->inode->file.main_path);
           if (it != open_tenants_.end() && --it->second == 0) open_tenants_.erase(it);
+          auto by_ino = open_by_ino_.find(f->inode->ino);
+          if (by_ino != open_by_ino_.end() && by_ino->second.erase(f) != 0 &&
+              by_ino->second.empty()) {
+            open_by_ino_.erase(by_ino);
+          }
         }
       } else {
         other_handles_.erase(h);
       }
     }
     delete h;  // a file handle closes its backing descriptor; no write happens on close
+  }
+  // Attributes of a file that is open but no longer has its name (SQLite
+  // unlinks a journal it still holds open): the kernel asks for them without
+  // a handle, and the name no longer reaches the file. ESTALE when no handle
+  // is open. fstat on a descriptor does not wait on anything a store call or
+  // the loop can hold.
+  int StatThroughOpenHandle(fuse_ino_t ino, struct stat* st) const {
+    std::lock_guard lock(handles_mu_);
+    auto it = open_by_ino_.find(ino);
+    if (it == open_by_ino_.end() || it->second.empty()) return ESTALE;
+    return ::fstat((*it->second.begin())->fd.get(), st) == 0 ? 0 : errno;
   }
 
   MountOptions options_;
@@ -300,10 +317,11 @@ class FleetFs::Impl final : public FencedFiles {
   std::mutex negative_mu_;  // guards negative_; taken alone
   NegativeNames negative_;
 
-  mutable std::mutex handles_mu_;  // guards the three below; taken alone
+  mutable std::mutex handles_mu_;  // guards the four below; taken alone
   std::unordered_set<FileHandle*> file_handles_;
   std::unordered_set<Handle*> other_handles_;
   std::unordered_map<std::string, int> open_tenants_;  // main path -> open file handles
+  std::unordered_map<fuse_ino_t, std::unordered_set<FileHandle*>> open_by_ino_;
 
   fuse_session* session_ = nullptr;
   SessionNotifier notifier_;
@@ -411,6 +429,7 @@ void FleetFs::Impl::Stop() {
     file_handles_.clear();
     other_handles_.clear();
     open_tenants_.clear();
+    open_by_ino_.clear();
   }
   backing_.CloseBuckets();
 }
@@ -621,6 +640,7 @@ void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) 
       err = ESTALE;
     } else {
       err = self.backing_.StatFile(*inode, &st);
+      if (err == ESTALE) err = self.StatThroughOpenHandle(ino, &st);
     }
     st.st_ino = ino;
   }

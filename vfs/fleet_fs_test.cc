@@ -134,6 +134,26 @@ TEST_F(FleetFsTest, a_handle_fails_with_estale_at_the_local_lease_end_before_any
   EXPECT_EQ(fs_->stats().fenced.load(), 3u);
 }
 
+// SQLite unlinks a rollback journal it still holds open, and the kernel then
+// asks for its attributes without a handle: the name no longer reaches the
+// file, the open descriptor does (found by the load test: 348 fenced getattrs).
+TEST_F(FleetFsTest, a_file_unlinked_while_open_still_answers_fstat) {
+  std::string journal = Mounted("acme") + "-journal";
+  int fd = ::open(journal.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::pwrite(fd, "journal", 7, 0), 7);
+  ASSERT_EQ(::unlink(journal.c_str()), 0) << std::strerror(errno);
+  struct stat st;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(::fstat(fd, &st), 0) << std::strerror(errno);
+    EXPECT_EQ(st.st_size, 7);
+    EXPECT_EQ(st.st_nlink, 0u);
+    clock_.Advance(seconds(1));  // past the attribute timeout the kernel asks again
+  }
+  ::close(fd);
+  EXPECT_EQ(fs_->stats().fenced.load(), 0u);
+}
+
 TEST_F(FleetFsTest, a_withdrawn_range_is_forgotten_by_the_kernel_at_once) {
   int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
   ASSERT_GE(fd, 0);

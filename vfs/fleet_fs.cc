@@ -54,6 +54,11 @@ H* HandleAs(const fuse_file_info* fi) {
 // comes later, from another thread.
 constexpr int kDeferred = -1;
 
+// A lookup or open not prepared yet: it needs the replicator before a main
+// file is exposed. One that was is prepared for the epoch it names, and is
+// answered without another Prepare only while that epoch is still served.
+constexpr std::uint64_t kNotPrepared = 0;
+
 // The fence's way to the kernel: the session's notifications.
 class SessionNotifier final : public KernelNotifier {
  public:
@@ -224,15 +229,17 @@ class FleetFs::Impl final : public FencedFiles {
 
   // ---- operations ----
 
+  // `prepared`: the epoch the replicator prepared the file for, or
+  // kNotPrepared. A main file served at another epoch is prepared again.
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
-               fuse_entry_param* e, bool prepared);
+               fuse_entry_param* e, std::uint64_t prepared);
   int DoLookupFile(fuse_req_t req, const ServingView& view, int bucket, std::string_view name,
-                   fuse_entry_param* e, bool prepared);
+                   fuse_entry_param* e, std::uint64_t prepared);
   // A main file needs the replicator before it is exposed under `epoch`.
   bool NeedsPrepare(const FileInode& inode, std::uint64_t epoch);
   void Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
              std::uint64_t epoch);
-  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared);
+  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, std::uint64_t prepared);
   void DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
                  std::uint64_t epoch);
   void ReplyOpen(fuse_req_t req, fuse_file_info* fi);
@@ -488,7 +495,8 @@ int FleetFs::Impl::Admit(InFlight& op) {
 // kernel forget those of its ranges, so no cached absence outlives the claim.
 // Names in unserved slots are answered with an error, which is never cached.
 int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int bucket,
-                                std::string_view name, fuse_entry_param* e, bool prepared) {
+                                std::string_view name, fuse_entry_param* e,
+                                std::uint64_t prepared) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
   const ServedRange* served = ServingName(view, *file);
@@ -497,7 +505,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   const fuse_ino_t parent = BucketIno(bucket);
   const bool main = file->role == FileRole::kMain && options_.hooks != nullptr;
   auto absent = [&] {
-    if (main && !prepared) {
+    if (main && prepared != epoch) {
       // Missing here: the replica may hold it. Restored before it is exposed.
       Defer(req, parent, std::string(name), *file, epoch);
       return kDeferred;
@@ -516,7 +524,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   }
   if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
   auto inode = inodes_.Remember(bucket, name, *file, st);
-  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
+  if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
     inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
     Defer(req, parent, std::move(n), *file, epoch);
     return kDeferred;
@@ -541,9 +549,11 @@ bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
 
 void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
                           const FleetFile& file, std::uint64_t epoch) {
-  stats_.Count(Op::kLookup);
-  // The reply comes from the replicator's thread: no FUSE worker waits.
-  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name)](int err) {
+  // The reply comes from the replicator's thread: no FUSE worker waits. The
+  // file was prepared for `epoch` only: served at another epoch by the time
+  // Prepare is done (the range lapsed and was claimed again meanwhile), it is
+  // prepared again for that one, and not served at all, it is absent.
+  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name), epoch](int err) {
     if (err != 0) {
       stats_.CountError(Op::kLookup, err);
       fuse_reply_err(req, err);
@@ -551,7 +561,8 @@ void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
     }
     auto view = View();
     fuse_entry_param e{};
-    int rc = DoLookup(req, *view, parent, name.c_str(), &e, /*prepared=*/true);
+    int rc = DoLookup(req, *view, parent, name.c_str(), &e, epoch);
+    if (rc == kDeferred) return;  // prepared again, for the epoch served now
     if (rc != 0) {
       stats_.CountError(Op::kLookup, rc);
       fuse_reply_err(req, rc);
@@ -563,7 +574,7 @@ void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
 }
 
 int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent,
-                            const char* name, fuse_entry_param* e, bool prepared) {
+                            const char* name, fuse_entry_param* e, std::uint64_t prepared) {
   std::string_view n(name);
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
@@ -598,8 +609,11 @@ void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
   // lookup under an older view has answered, so it sees their negative entries.
   auto view = self.View();
   fuse_entry_param e{};
-  int err = self.DoLookup(req, *view, parent, name, &e, /*prepared=*/false);
-  if (err == kDeferred) return;
+  int err = self.DoLookup(req, *view, parent, name, &e, kNotPrepared);
+  if (err == kDeferred) {
+    self.stats_.Count(Op::kLookup);  // once, however often it is prepared
+    return;
+  }
   if (self.Failed(req, Op::kLookup, err)) return;
   if (e.ino == 0) self.stats_.CountError(Op::kLookup, ENOENT);
   fuse_reply_entry(req, &e);
@@ -819,7 +833,8 @@ void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) 
 
 // ---- open, create, release ----
 
-int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared) {
+int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi,
+                          std::uint64_t prepared) {
   auto inode = inodes_.Find(ino);
   if (inode == nullptr) return ino < kFirstFileIno ? EISDIR : ESTALE;
   InFlight op;
@@ -833,7 +848,7 @@ int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bo
   // An inode the kernel kept (an open descriptor, reopened through
   // /proc/PID/fd/N) skips the lookup: a main file not prepared for the epoch
   // served now goes through the same check as a lookup before it is opened.
-  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
+  if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
     DeferOpen(req, ino, *fi, inode->file, epoch);
     return kDeferred;
   }
@@ -865,11 +880,13 @@ void FleetFs::Impl::ReplyOpen(fuse_req_t req, fuse_file_info* fi) {
 
 void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
                               const FleetFile& file, std::uint64_t epoch) {
-  stats_.Count(Op::kOpen);
   // As Defer: the reply comes from the replicator's thread, with a copy of
-  // the request's file info (the handler's is gone by then).
-  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi](int err) mutable {
-    if (err == 0) err = DoOpen(req, ino, &info, /*prepared=*/true);
+  // the request's file info (the handler's is gone by then). Served at
+  // another epoch by then, the file is prepared again for that one; not
+  // served at all, the open is answered ESTALE.
+  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi, epoch](int err) mutable {
+    if (err == 0) err = DoOpen(req, ino, &info, epoch);
+    if (err == kDeferred) return;  // prepared again, for the epoch served now
     if (err != 0) {
       CountError(Op::kOpen, err);
       fuse_reply_err(req, err);
@@ -895,8 +912,11 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     self.ReplyOpen(req, fi);
     return;
   }
-  int err = self.DoOpen(req, ino, fi, /*prepared=*/false);
-  if (err == kDeferred) return;
+  int err = self.DoOpen(req, ino, fi, kNotPrepared);
+  if (err == kDeferred) {
+    self.stats_.Count(Op::kOpen);  // once, however often it is prepared
+    return;
+  }
   if (self.Failed(req, Op::kOpen, err)) return;
   self.ReplyOpen(req, fi);
 }

@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/falloc.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,21 +31,27 @@ class FakeClock final : public MonotonicClock {
  public:
   MonoTime Now() const override {
     std::int64_t now = ns_.load();
-    // Armed: this read still sees the time before the jump, every later one after.
-    if (jump_armed_.exchange(false)) ns_ += jump_ns_.load();
+    // Armed: the reads counted down still see the time before the jump,
+    // every later one after.
+    int left = reads_before_jump_.load();
+    while (left > 0 && !reads_before_jump_.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left == 1) ns_ += jump_ns_.load();
     return MonoTime(std::chrono::nanoseconds(now));
   }
   void Advance(std::chrono::nanoseconds d) { ns_ += d.count(); }
   // The next read returns the time now; the clock then moves on by `d`.
-  void JumpAfterNextRead(std::chrono::nanoseconds d) {
+  void JumpAfterNextRead(std::chrono::nanoseconds d) { JumpAfterReads(1, d); }
+  // The next `reads` reads return the time now; the clock then moves on by `d`.
+  void JumpAfterReads(int reads, std::chrono::nanoseconds d) {
     jump_ns_ = d.count();
-    jump_armed_ = true;
+    reads_before_jump_ = reads;
   }
 
  private:
   mutable std::atomic<std::int64_t> ns_{1'000'000'000'000};
   std::atomic<std::int64_t> jump_ns_{0};
-  mutable std::atomic<bool> jump_armed_{false};
+  mutable std::atomic<int> reads_before_jump_{0};
 };
 
 class FleetFsTest : public ::testing::Test {
@@ -615,6 +623,123 @@ TEST_F(FleetFsHooksTest, a_file_reopened_through_proc_after_a_new_epoch_is_prepa
   ::close(reopened.load());
   ::close(fd);
   EXPECT_EQ(Contents(Backing("slow1")), "two");
+}
+
+// ---- review F2: a deferred lookup or open is answered only for the epoch it was prepared for ----
+
+// Waits (a bounded time) until `hooks` holds `n` Prepares.
+bool WaitPrepares(FakeHooks& hooks, std::size_t n) {
+  for (int i = 0; i < 4000 && hooks.held() < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return hooks.held() >= n;
+}
+
+bool PreparedAt(FakeHooks& hooks, const std::string& key, std::uint64_t epoch) {
+  auto prepared = hooks.prepared_at();
+  return std::find(prepared.begin(), prepared.end(), std::make_pair(key, epoch)) != prepared.end();
+}
+
+TEST_F(FleetFsHooksTest, a_lookup_prepared_for_an_epoch_no_longer_served_is_prepared_again_before_its_answer) {
+  std::atomic<int> rc{-2}, err{0};
+  std::thread looking([&] {
+    struct stat st;
+    rc = ::stat(Mounted("slowlook").c_str(), &st);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1)) << "the lookup was not sent to Prepare";
+  ASSERT_TRUE(PreparedAt(hooks_, "slowlook", 1));
+  // The range lapses and is claimed again at a new epoch while Prepare runs.
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();  // the epoch-1 Prepare is done
+  bool again = WaitPrepares(hooks_, 1);
+  EXPECT_TRUE(again) << "the lookup was answered without a Prepare for epoch 2";
+  EXPECT_TRUE(PreparedAt(hooks_, "slowlook", 2));
+  EXPECT_EQ(rc.load(), -2) << "the lookup was answered before its Prepare for epoch 2";
+  hooks_.hold_slow = false;
+  hooks_.ReleaseAll();
+  looking.join();
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ENOENT);  // prepared for epoch 2, and rightly absent
+}
+
+TEST_F(FleetFsHooksTest, a_lookup_prepared_for_a_range_no_longer_served_is_answered_enoent) {
+  std::filesystem::create_directories(std::filesystem::path(Backing("slowgone")).parent_path());
+  std::ofstream(Backing("slowgone")) << "unstamped";
+  std::atomic<int> rc{-2}, err{0};
+  std::thread looking([&] {
+    struct stat st;
+    rc = ::stat(Mounted("slowgone").c_str(), &st);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1));
+  fs_->Publish(std::make_shared<const ServingView>());  // the range lapses
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();
+  looking.join();
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ENOENT);
+}
+
+TEST_F(FleetFsHooksTest, an_open_prepared_for_an_epoch_no_longer_served_is_prepared_again_before_its_answer) {
+  hooks_.hold_slow = false;
+  int fd = ::open(Mounted("slowopen").c_str(), O_CREAT | O_RDWR, 0644);  // stamped at epoch 1
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::close(fd);
+  int path_fd = ::open(Mounted("slowopen").c_str(), O_PATH);  // the kernel keeps the inode
+  ASSERT_GE(path_fd, 0) << std::strerror(errno);
+  hooks_.hold_slow = true;
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  // Opened through /proc: no lookup, so the open itself is prepared for epoch 2.
+  std::atomic<int> opened{-2}, err{0};
+  std::thread opening([&] {
+    opened = ::open(("/proc/self/fd/" + std::to_string(path_fd)).c_str(), O_RDWR);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1)) << "the open was not sent to Prepare";
+  ASSERT_TRUE(PreparedAt(hooks_, "slowopen", 2));
+  fs_->Publish(ServeAll(3, 3, seconds(10)));  // a new epoch while Prepare runs
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();
+  bool again = WaitPrepares(hooks_, 1);
+  EXPECT_TRUE(again) << "the open was answered without a Prepare for epoch 3";
+  EXPECT_TRUE(PreparedAt(hooks_, "slowopen", 3));
+  EXPECT_EQ(opened.load(), -2) << "the open was answered before its Prepare for epoch 3";
+  hooks_.hold_slow = false;
+  hooks_.ReleaseAll();
+  opening.join();
+  ASSERT_GE(opened.load(), 0) << std::strerror(err.load());
+  EXPECT_EQ(::pwrite(opened.load(), "three", 5, 0), 5);  // its handle is of epoch 3
+  ::close(opened.load());
+  ::close(path_fd);
+}
+
+TEST_F(FleetFsHooksTest, an_open_prepared_for_a_range_no_longer_served_is_answered_estale) {
+  hooks_.hold_slow = false;
+  int fd = ::open(Mounted("slowstale").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::close(fd);
+  int path_fd = ::open(Mounted("slowstale").c_str(), O_PATH);
+  ASSERT_GE(path_fd, 0);
+  hooks_.hold_slow = true;
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  std::atomic<int> opened{-2}, err{0};
+  std::thread opening([&] {
+    opened = ::open(("/proc/self/fd/" + std::to_string(path_fd)).c_str(), O_RDWR);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1));
+  fs_->Publish(std::make_shared<const ServingView>());  // the range lapses
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();
+  opening.join();
+  EXPECT_EQ(opened.load(), -1);
+  EXPECT_EQ(err.load(), ESTALE);
+  if (opened.load() >= 0) ::close(opened.load());
+  ::close(path_fd);
 }
 
 }  // namespace

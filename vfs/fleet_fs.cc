@@ -54,6 +54,12 @@ H* HandleAs(const fuse_file_info* fi) {
 // comes later, from another thread.
 constexpr int kDeferred = -1;
 
+// Lookups and opens of one user waiting for the replicator at most; beyond,
+// EAGAIN (never ENOENT: an application told a tenant is absent may create an
+// empty database over the replica's). A user stat-ing random names from many
+// processes queues at most this many listings ahead of other users' opens.
+constexpr int kMaxDeferredPerUid = 32;
+
 // A lookup or open not prepared yet: it needs the replicator before a main
 // file is exposed. One that was is prepared for the epoch it names, and is
 // answered without another Prepare only while that epoch is still served.
@@ -237,11 +243,26 @@ class FleetFs::Impl final : public FencedFiles {
                    fuse_entry_param* e, std::uint64_t prepared);
   // A main file needs the replicator before it is exposed under `epoch`.
   bool NeedsPrepare(const FileInode& inode, std::uint64_t epoch);
-  void Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
-             std::uint64_t epoch);
+  // Hands the lookup to the replicator: kDeferred, or EAGAIN when the
+  // caller's user has kMaxDeferredPerUid in flight already.
+  int Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
+            std::uint64_t epoch);
   int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, std::uint64_t prepared);
-  void DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
-                 std::uint64_t epoch);
+  int DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
+                std::uint64_t epoch);
+  // Counts one deferred lookup or open of `uid`; false when it has the most.
+  bool EnterDeferred(uid_t uid) {
+    std::lock_guard lock(deferred_mu_);
+    auto [it, added] = deferred_.try_emplace(uid, 0);
+    if (it->second >= kMaxDeferredPerUid) return false;
+    ++it->second;
+    return true;
+  }
+  void LeaveDeferred(uid_t uid) {
+    std::lock_guard lock(deferred_mu_);
+    auto it = deferred_.find(uid);
+    if (it != deferred_.end() && --it->second <= 0) deferred_.erase(it);
+  }
   void ReplyOpen(fuse_req_t req, fuse_file_info* fi);
   std::shared_ptr<TenantWatch> WatchOf(const FleetFile& file, std::uint64_t epoch) {
     return options_.hooks ? options_.hooks->Watch(file, epoch) : nullptr;
@@ -323,6 +344,9 @@ class FleetFs::Impl final : public FencedFiles {
 
   std::mutex negative_mu_;  // guards negative_; taken alone
   NegativeNames negative_;
+
+  std::mutex deferred_mu_;  // guards deferred_; taken alone
+  std::unordered_map<uid_t, int> deferred_;  // uid -> its lookups and opens in Prepare
 
   mutable std::mutex handles_mu_;  // guards the four below; taken alone
   std::unordered_set<FileHandle*> file_handles_;
@@ -507,8 +531,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   auto absent = [&] {
     if (main && prepared != epoch) {
       // Missing here: the replica may hold it. Restored before it is exposed.
-      Defer(req, parent, std::string(name), *file, epoch);
-      return kDeferred;
+      return Defer(req, parent, std::string(name), *file, epoch);
     }
     if (!RememberNegative(parent, name, file->slot)) return ENOENT;
     e->ino = 0;  // a negative entry, cached for entry_timeout
@@ -526,8 +549,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   auto inode = inodes_.Remember(bucket, name, *file, st);
   if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
     inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
-    Defer(req, parent, std::move(n), *file, epoch);
-    return kDeferred;
+    return Defer(req, parent, std::move(n), *file, epoch);
   }
   if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   st.st_ino = inode->ino;
@@ -547,13 +569,17 @@ bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
   return ReadEpochStamp(fd.get()).value_or(0) < epoch;
 }
 
-void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
-                          const FleetFile& file, std::uint64_t epoch) {
+int FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
+                         const FleetFile& file, std::uint64_t epoch) {
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  if (!EnterDeferred(uid)) return EAGAIN;
   // The reply comes from the replicator's thread: no FUSE worker waits. The
   // file was prepared for `epoch` only: served at another epoch by the time
   // Prepare is done (the range lapsed and was claimed again meanwhile), it is
   // prepared again for that one, and not served at all, it is absent.
-  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name), epoch](int err) {
+  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name), epoch,
+                                        uid](int err) {
+    LeaveDeferred(uid);
     if (err != 0) {
       stats_.CountError(Op::kLookup, err);
       fuse_reply_err(req, err);
@@ -571,6 +597,7 @@ void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
     if (e.ino == 0) stats_.CountError(Op::kLookup, ENOENT);
     fuse_reply_entry(req, &e);
   });
+  return kDeferred;
 }
 
 int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent,
@@ -849,8 +876,7 @@ int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi,
   // /proc/PID/fd/N) skips the lookup: a main file not prepared for the epoch
   // served now goes through the same check as a lookup before it is opened.
   if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
-    DeferOpen(req, ino, *fi, inode->file, epoch);
-    return kDeferred;
+    return DeferOpen(req, ino, *fi, inode->file, epoch);
   }
   if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   auto h = std::make_unique<FileHandle>();
@@ -878,13 +904,16 @@ void FleetFs::Impl::ReplyOpen(fuse_req_t req, fuse_file_info* fi) {
   }
 }
 
-void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
-                              const FleetFile& file, std::uint64_t epoch) {
+int FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
+                             const FleetFile& file, std::uint64_t epoch) {
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  if (!EnterDeferred(uid)) return EAGAIN;
   // As Defer: the reply comes from the replicator's thread, with a copy of
   // the request's file info (the handler's is gone by then). Served at
   // another epoch by then, the file is prepared again for that one; not
   // served at all, the open is answered ESTALE.
-  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi, epoch](int err) mutable {
+  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi, epoch, uid](int err) mutable {
+    LeaveDeferred(uid);
     if (err == 0) err = DoOpen(req, ino, &info, epoch);
     if (err == kDeferred) return;  // prepared again, for the epoch served now
     if (err != 0) {
@@ -894,6 +923,7 @@ void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_in
     }
     ReplyOpen(req, &info);
   });
+  return kDeferred;
 }
 
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

@@ -742,5 +742,64 @@ TEST_F(FleetFsHooksTest, an_open_prepared_for_a_range_no_longer_served_is_answer
   ::close(path_fd);
 }
 
+// ---- review F4: one user cannot queue unbounded restores ahead of others ----
+
+TEST_F(FleetFsHooksTest, one_user_has_at_most_32_deferred_lookups_and_the_rest_are_answered_eagain) {
+  constexpr int kFlood = 100;
+  std::atomic<int> eagain{0}, enoent{0}, other{0};
+  std::vector<std::thread> flooding;
+  for (int i = 0; i < kFlood; ++i) {
+    flooding.emplace_back([&, i] {
+      // The kernel reports the caller's file system uid to the mount; this
+      // thread alone becomes nobody (setfsuid is per thread).
+      ::setfsuid(65534);
+      if (static_cast<uid_t>(::setfsuid(static_cast<uid_t>(-1))) != 65534) {
+        ++other;
+        return;
+      }
+      struct stat st;
+      int rc = ::stat(Mounted("slowflood" + std::to_string(i)).c_str(), &st);
+      int e = errno;
+      if (rc == -1 && e == EAGAIN) ++eagain;
+      else if (rc == -1 && e == ENOENT) ++enoent;
+      else ++other;
+    });
+  }
+  // The flooder's deferred lookups wait in Prepare; the rest are refused at once.
+  for (int i = 0; i < 10000 && eagain.load() + other.load() < kFlood - 32; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(eagain.load(), kFlood - 32);
+  EXPECT_EQ(hooks_.held(), 32u);
+  EXPECT_EQ(enoent.load(), 0) << "an absent name was answered before its Prepare";
+  // Another user (root here) still reaches Prepare at once.
+  std::atomic<int> root_rc{-2};
+  std::thread root_lookup([&] {
+    struct stat st;
+    root_rc = ::stat(Mounted("slowroot").c_str(), &st);
+  });
+  EXPECT_TRUE(WaitPrepares(hooks_, 33)) << "root's lookup waited behind nobody's";
+  EXPECT_TRUE(PreparedAt(hooks_, "slowroot", 1));
+  hooks_.hold_slow = false;
+  hooks_.ReleaseAll();
+  root_lookup.join();
+  for (auto& t : flooding) t.join();
+  EXPECT_EQ(root_rc.load(), -1);
+  EXPECT_EQ(eagain.load(), kFlood - 32);
+  EXPECT_EQ(enoent.load(), 32);  // prepared, and rightly absent
+  EXPECT_EQ(other.load(), 0);
+  // The bound is of lookups in flight: once answered, nobody may look up again.
+  std::atomic<int> again{-2}, again_err{0};
+  std::thread later([&] {
+    ::setfsuid(65534);
+    struct stat st;
+    again = ::stat(Mounted("slowlater").c_str(), &st);
+    again_err = errno;
+  });
+  later.join();
+  EXPECT_EQ(again.load(), -1);
+  EXPECT_EQ(again_err.load(), ENOENT);
+}
+
 }  // namespace
 }  // namespace fleetfs::vfs

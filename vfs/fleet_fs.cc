@@ -1171,6 +1171,13 @@ void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, o
     self.Failed(req, Op::kFallocate, EBADF);
     return;
   }
+  // Only what SQLite uses. Punching, zeroing, collapsing or inserting a range
+  // changes committed bytes that replication would never see (no watch hook,
+  // no write gate; issue 10 routes them through capture).
+  if ((mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
+    self.Failed(req, Op::kFallocate, EOPNOTSUPP);
+    return;
+  }
   InFlight op;
   int err = self.CheckHandle(op, *h);
   if (err == 0) {

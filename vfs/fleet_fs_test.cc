@@ -801,5 +801,28 @@ TEST_F(FleetFsHooksTest, one_user_has_at_most_32_deferred_lookups_and_the_rest_a
   EXPECT_EQ(again_err.load(), ENOENT);
 }
 
+// ---- review F6: fallocate modes that change committed bytes bypass replication ----
+
+TEST_F(FleetFsTest, an_allocate_that_would_punch_zero_collapse_or_insert_is_refused) {
+  for (std::string suffix : {"", "-wal", "-journal"}) {
+    const std::string path = Mounted("acme") + suffix;
+    int fd = ::open(path.c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const std::string data(16384, 'd');
+    ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    for (int mode : {FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
+                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_COLLAPSE_RANGE,
+                     FALLOC_FL_INSERT_RANGE}) {
+      EXPECT_EQ(::fallocate(fd, mode, 0, 4096), -1) << suffix << " mode " << mode;
+      EXPECT_EQ(errno, EOPNOTSUPP) << suffix << " mode " << mode << ": " << std::strerror(errno);
+    }
+    EXPECT_TRUE(Contents(Backing("acme") + suffix) == data) << suffix << ": its bytes changed";
+    // What SQLite uses still works.
+    EXPECT_EQ(::fallocate(fd, 0, 0, 32768), 0) << std::strerror(errno);
+    EXPECT_EQ(::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 65536), 0) << std::strerror(errno);
+    ::close(fd);
+  }
+}
+
 }  // namespace
 }  // namespace fleetfs::vfs

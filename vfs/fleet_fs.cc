@@ -717,6 +717,8 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
     op.slot = inode->file.slot;
     op.role = inode->file.role;
     op.by_name = true;
+    // While the view drains, only a tenant with open handles may change.
+    op.tenant_open = TenantOpen(inode->file.main_path);
     if (Admit(op) != 0) return ESTALE;
   }
   // The file itself: the handle's descriptor, or the name, checked to still

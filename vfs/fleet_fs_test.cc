@@ -824,5 +824,34 @@ TEST_F(FleetFsTest, an_allocate_that_would_punch_zero_collapse_or_insert_is_refu
   }
 }
 
+// ---- review: a truncate by name while the view drains ----
+
+TEST_F(FleetFsTest, a_draining_view_refuses_a_truncate_by_name_of_a_tenant_with_no_open_handle) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "kept", 4, 0), 4);
+  ::close(fd);
+  // The kernel keeps the inode, and no handle is open: a truncate through
+  // /proc reaches the mount by inode, with no handle and no lookup.
+  int path_fd = ::open(Mounted("acme").c_str(), O_PATH);
+  ASSERT_GE(path_fd, 0);
+  for (int i = 0; i < 1000 && fs_->OpenHandles() != 0; ++i) ::usleep(1000);
+  ASSERT_EQ(fs_->OpenHandles(), 0u);
+  fs_->Publish(ServeAll(1, 1, seconds(10), /*accepting=*/false));
+  const std::string by_proc = "/proc/self/fd/" + std::to_string(path_fd);
+  EXPECT_EQ(::truncate(by_proc.c_str(), 0), -1);
+  EXPECT_EQ(errno, ESTALE) << std::strerror(errno);
+  EXPECT_EQ(Contents(Backing("acme")), "kept");
+  // A tenant with an open handle may still truncate by name while draining.
+  fs_->Publish(ServeAll(1, 1, seconds(10)));
+  int open_fd = ::open(by_proc.c_str(), O_RDWR);
+  ASSERT_GE(open_fd, 0) << std::strerror(errno);
+  fs_->Publish(ServeAll(1, 1, seconds(10), /*accepting=*/false));
+  EXPECT_EQ(::truncate(by_proc.c_str(), 2), 0) << std::strerror(errno);
+  EXPECT_EQ(Contents(Backing("acme")), "ke");
+  ::close(open_fd);
+  ::close(path_fd);
+}
+
 }  // namespace
 }  // namespace fleetfs::vfs

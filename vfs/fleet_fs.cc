@@ -1007,12 +1007,27 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     // Replaced between the check and the open: the check was of another file.
     if (opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) return EAGAIN;
   }
-  if (::fstat(fd.get(), &st) != 0) return errno;
+  // A file this call made and then does not hand out (it landed after the
+  // lease end, or could not be given its owner) is removed again, so nothing
+  // made under a lease that ended stays behind. Only if the name still names
+  // it: a file made by anything else there meanwhile is not this call's.
+  auto unmade = [&](int err) {
+    struct stat made, named;
+    if (created && ::fstat(fd.get(), &made) == 0 &&
+        ::fstatat(bfd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        made.st_dev == named.st_dev && made.st_ino == named.st_ino) {
+      ::unlinkat(bfd, name, 0);
+      spdlog::info("vfs: removed {}/{} again: its create was answered {}", BucketName(bucket),
+                   name, std::strerror(err));
+    }
+    return err;
+  };
+  if (::fstat(fd.get(), &st) != 0) return unmade(errno);
   if (!S_ISREG(st.st_mode)) return EPERM;
   if (created) {
     // A file an application creates belongs to that application's user and
     // group, as on a local file system (the agent itself runs as root).
-    if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return errno;
+    if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return unmade(errno);
   }
   if (created && file->role == FileRole::kMain) {
     spdlog::info("vfs: created tenant {}/{} (slot {}, epoch {}) for uid {}", BucketName(bucket),
@@ -1023,8 +1038,8 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
       spdlog::warn("vfs: {}", stamped.message());
     }
   }
-  if (int err = Landed(op); err != 0) return err;
-  if (::fstat(fd.get(), &st) != 0) return errno;
+  if (int err = Landed(op); err != 0) return unmade(err);
+  if (::fstat(fd.get(), &st) != 0) return unmade(errno);
   auto inode = inodes_.Remember(bucket, name, *file, st);
   if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(epoch);
   {

@@ -853,5 +853,27 @@ TEST_F(FleetFsTest, a_draining_view_refuses_a_truncate_by_name_of_a_tenant_with_
   ::close(path_fd);
 }
 
+// ---- review: a create that landed after the lease end leaves no file ----
+
+TEST_F(FleetFsTest, a_create_that_landed_after_the_lease_end_is_refused_and_removes_the_file_it_made) {
+  struct stat st;
+  ASSERT_EQ(::stat(Mounted("acme").c_str(), &st), -1);  // the kernel caches the absence
+  // The create reads the clock twice to admit itself (at once and right
+  // before the backing call); every later read is past the lease end.
+  // (No O_EXCL: with it the kernel looks the name up again first.)
+  clock_.JumpAfterReads(2, seconds(11));
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  int err = errno;
+  EXPECT_EQ(fd, -1);
+  // ESTALE, or EREMOTE from the kernel's retry with a fresh lookup.
+  EXPECT_TRUE(err == ESTALE || err == EREMOTE) << std::strerror(err);
+  if (fd >= 0) ::close(fd);
+  const auto estale = fs_->stats().errors[static_cast<std::size_t>(Op::kCreate)]
+                                         [static_cast<std::size_t>(ErrKind::kEstale)].load();
+  EXPECT_EQ(estale, 1u) << "the create did not reach the backing call inside the lease";
+  EXPECT_FALSE(std::filesystem::exists(Backing("acme")))
+      << "the file made after the lease end was left in the backing directory";
+}
+
 }  // namespace
 }  // namespace fleetfs::vfs

@@ -54,6 +54,17 @@ H* HandleAs(const fuse_file_info* fi) {
 // comes later, from another thread.
 constexpr int kDeferred = -1;
 
+// Lookups and opens of one user waiting for the replicator at most; beyond,
+// EAGAIN (never ENOENT: an application told a tenant is absent may create an
+// empty database over the replica's). A user stat-ing random names from many
+// processes queues at most this many listings ahead of other users' opens.
+constexpr int kMaxDeferredPerUid = 32;
+
+// A lookup or open not prepared yet: it needs the replicator before a main
+// file is exposed. One that was is prepared for the epoch it names, and is
+// answered without another Prepare only while that epoch is still served.
+constexpr std::uint64_t kNotPrepared = 0;
+
 // The fence's way to the kernel: the session's notifications.
 class SessionNotifier final : public KernelNotifier {
  public:
@@ -224,17 +235,34 @@ class FleetFs::Impl final : public FencedFiles {
 
   // ---- operations ----
 
+  // `prepared`: the epoch the replicator prepared the file for, or
+  // kNotPrepared. A main file served at another epoch is prepared again.
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
-               fuse_entry_param* e, bool prepared);
+               fuse_entry_param* e, std::uint64_t prepared);
   int DoLookupFile(fuse_req_t req, const ServingView& view, int bucket, std::string_view name,
-                   fuse_entry_param* e, bool prepared);
+                   fuse_entry_param* e, std::uint64_t prepared);
   // A main file needs the replicator before it is exposed under `epoch`.
   bool NeedsPrepare(const FileInode& inode, std::uint64_t epoch);
-  void Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
-             std::uint64_t epoch);
-  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared);
-  void DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
-                 std::uint64_t epoch);
+  // Hands the lookup to the replicator: kDeferred, or EAGAIN when the
+  // caller's user has kMaxDeferredPerUid in flight already.
+  int Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
+            std::uint64_t epoch);
+  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, std::uint64_t prepared);
+  int DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
+                std::uint64_t epoch);
+  // Counts one deferred lookup or open of `uid`; false when it has the most.
+  bool EnterDeferred(uid_t uid) {
+    std::lock_guard lock(deferred_mu_);
+    auto [it, added] = deferred_.try_emplace(uid, 0);
+    if (it->second >= kMaxDeferredPerUid) return false;
+    ++it->second;
+    return true;
+  }
+  void LeaveDeferred(uid_t uid) {
+    std::lock_guard lock(deferred_mu_);
+    auto it = deferred_.find(uid);
+    if (it != deferred_.end() && --it->second <= 0) deferred_.erase(it);
+  }
   void ReplyOpen(fuse_req_t req, fuse_file_info* fi);
   std::shared_ptr<TenantWatch> WatchOf(const FleetFile& file, std::uint64_t epoch) {
     return options_.hooks ? options_.hooks->Watch(file, epoch) : nullptr;
@@ -316,6 +344,9 @@ class FleetFs::Impl final : public FencedFiles {
 
   std::mutex negative_mu_;  // guards negative_; taken alone
   NegativeNames negative_;
+
+  std::mutex deferred_mu_;  // guards deferred_; taken alone
+  std::unordered_map<uid_t, int> deferred_;  // uid -> its lookups and opens in Prepare
 
   mutable std::mutex handles_mu_;  // guards the four below; taken alone
   std::unordered_set<FileHandle*> file_handles_;
@@ -488,7 +519,8 @@ int FleetFs::Impl::Admit(InFlight& op) {
 // kernel forget those of its ranges, so no cached absence outlives the claim.
 // Names in unserved slots are answered with an error, which is never cached.
 int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int bucket,
-                                std::string_view name, fuse_entry_param* e, bool prepared) {
+                                std::string_view name, fuse_entry_param* e,
+                                std::uint64_t prepared) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
   const ServedRange* served = ServingName(view, *file);
@@ -497,10 +529,9 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   const fuse_ino_t parent = BucketIno(bucket);
   const bool main = file->role == FileRole::kMain && options_.hooks != nullptr;
   auto absent = [&] {
-    if (main && !prepared) {
+    if (main && prepared != epoch) {
       // Missing here: the replica may hold it. Restored before it is exposed.
-      Defer(req, parent, std::string(name), *file, epoch);
-      return kDeferred;
+      return Defer(req, parent, std::string(name), *file, epoch);
     }
     if (!RememberNegative(parent, name, file->slot)) return ENOENT;
     e->ino = 0;  // a negative entry, cached for entry_timeout
@@ -516,10 +547,9 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   }
   if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
   auto inode = inodes_.Remember(bucket, name, *file, st);
-  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
+  if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
     inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
-    Defer(req, parent, std::move(n), *file, epoch);
-    return kDeferred;
+    return Defer(req, parent, std::move(n), *file, epoch);
   }
   if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   st.st_ino = inode->ino;
@@ -539,11 +569,17 @@ bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
   return ReadEpochStamp(fd.get()).value_or(0) < epoch;
 }
 
-void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
-                          const FleetFile& file, std::uint64_t epoch) {
-  stats_.Count(Op::kLookup);
-  // The reply comes from the replicator's thread: no FUSE worker waits.
-  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name)](int err) {
+int FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
+                         const FleetFile& file, std::uint64_t epoch) {
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  if (!EnterDeferred(uid)) return EAGAIN;
+  // The reply comes from the replicator's thread: no FUSE worker waits. The
+  // file was prepared for `epoch` only: served at another epoch by the time
+  // Prepare is done (the range lapsed and was claimed again meanwhile), it is
+  // prepared again for that one, and not served at all, it is absent.
+  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name), epoch,
+                                        uid](int err) {
+    LeaveDeferred(uid);
     if (err != 0) {
       stats_.CountError(Op::kLookup, err);
       fuse_reply_err(req, err);
@@ -551,7 +587,8 @@ void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
     }
     auto view = View();
     fuse_entry_param e{};
-    int rc = DoLookup(req, *view, parent, name.c_str(), &e, /*prepared=*/true);
+    int rc = DoLookup(req, *view, parent, name.c_str(), &e, epoch);
+    if (rc == kDeferred) return;  // prepared again, for the epoch served now
     if (rc != 0) {
       stats_.CountError(Op::kLookup, rc);
       fuse_reply_err(req, rc);
@@ -560,10 +597,11 @@ void FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
     if (e.ino == 0) stats_.CountError(Op::kLookup, ENOENT);
     fuse_reply_entry(req, &e);
   });
+  return kDeferred;
 }
 
 int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent,
-                            const char* name, fuse_entry_param* e, bool prepared) {
+                            const char* name, fuse_entry_param* e, std::uint64_t prepared) {
   std::string_view n(name);
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
@@ -598,8 +636,11 @@ void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) 
   // lookup under an older view has answered, so it sees their negative entries.
   auto view = self.View();
   fuse_entry_param e{};
-  int err = self.DoLookup(req, *view, parent, name, &e, /*prepared=*/false);
-  if (err == kDeferred) return;
+  int err = self.DoLookup(req, *view, parent, name, &e, kNotPrepared);
+  if (err == kDeferred) {
+    self.stats_.Count(Op::kLookup);  // once, however often it is prepared
+    return;
+  }
   if (self.Failed(req, Op::kLookup, err)) return;
   if (e.ino == 0) self.stats_.CountError(Op::kLookup, ENOENT);
   fuse_reply_entry(req, &e);
@@ -676,6 +717,8 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
     op.slot = inode->file.slot;
     op.role = inode->file.role;
     op.by_name = true;
+    // While the view drains, only a tenant with open handles may change.
+    op.tenant_open = TenantOpen(inode->file.main_path);
     if (Admit(op) != 0) return ESTALE;
   }
   // The file itself: the handle's descriptor, or the name, checked to still
@@ -819,7 +862,8 @@ void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) 
 
 // ---- open, create, release ----
 
-int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bool prepared) {
+int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi,
+                          std::uint64_t prepared) {
   auto inode = inodes_.Find(ino);
   if (inode == nullptr) return ino < kFirstFileIno ? EISDIR : ESTALE;
   InFlight op;
@@ -833,9 +877,8 @@ int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, bo
   // An inode the kernel kept (an open descriptor, reopened through
   // /proc/PID/fd/N) skips the lookup: a main file not prepared for the epoch
   // served now goes through the same check as a lookup before it is opened.
-  if (main && !prepared && NeedsPrepare(*inode, epoch)) {
-    DeferOpen(req, ino, *fi, inode->file, epoch);
-    return kDeferred;
+  if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
+    return DeferOpen(req, ino, *fi, inode->file, epoch);
   }
   if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   auto h = std::make_unique<FileHandle>();
@@ -863,13 +906,18 @@ void FleetFs::Impl::ReplyOpen(fuse_req_t req, fuse_file_info* fi) {
   }
 }
 
-void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
-                              const FleetFile& file, std::uint64_t epoch) {
-  stats_.Count(Op::kOpen);
+int FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
+                             const FleetFile& file, std::uint64_t epoch) {
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  if (!EnterDeferred(uid)) return EAGAIN;
   // As Defer: the reply comes from the replicator's thread, with a copy of
-  // the request's file info (the handler's is gone by then).
-  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi](int err) mutable {
-    if (err == 0) err = DoOpen(req, ino, &info, /*prepared=*/true);
+  // the request's file info (the handler's is gone by then). Served at
+  // another epoch by then, the file is prepared again for that one; not
+  // served at all, the open is answered ESTALE.
+  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi, epoch, uid](int err) mutable {
+    LeaveDeferred(uid);
+    if (err == 0) err = DoOpen(req, ino, &info, epoch);
+    if (err == kDeferred) return;  // prepared again, for the epoch served now
     if (err != 0) {
       CountError(Op::kOpen, err);
       fuse_reply_err(req, err);
@@ -877,6 +925,7 @@ void FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_in
     }
     ReplyOpen(req, &info);
   });
+  return kDeferred;
 }
 
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -895,8 +944,11 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     self.ReplyOpen(req, fi);
     return;
   }
-  int err = self.DoOpen(req, ino, fi, /*prepared=*/false);
-  if (err == kDeferred) return;
+  int err = self.DoOpen(req, ino, fi, kNotPrepared);
+  if (err == kDeferred) {
+    self.stats_.Count(Op::kOpen);  // once, however often it is prepared
+    return;
+  }
   if (self.Failed(req, Op::kOpen, err)) return;
   self.ReplyOpen(req, fi);
 }
@@ -955,12 +1007,27 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     // Replaced between the check and the open: the check was of another file.
     if (opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) return EAGAIN;
   }
-  if (::fstat(fd.get(), &st) != 0) return errno;
+  // A file this call made and then does not hand out (it landed after the
+  // lease end, or could not be given its owner) is removed again, so nothing
+  // made under a lease that ended stays behind. Only if the name still names
+  // it: a file made by anything else there meanwhile is not this call's.
+  auto unmade = [&](int err) {
+    struct stat made, named;
+    if (created && ::fstat(fd.get(), &made) == 0 &&
+        ::fstatat(bfd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        made.st_dev == named.st_dev && made.st_ino == named.st_ino) {
+      ::unlinkat(bfd, name, 0);
+      spdlog::info("vfs: removed {}/{} again: its create was answered {}", BucketName(bucket),
+                   name, std::strerror(err));
+    }
+    return err;
+  };
+  if (::fstat(fd.get(), &st) != 0) return unmade(errno);
   if (!S_ISREG(st.st_mode)) return EPERM;
   if (created) {
     // A file an application creates belongs to that application's user and
     // group, as on a local file system (the agent itself runs as root).
-    if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return errno;
+    if (::fchown(fd.get(), ctx->uid, ctx->gid) != 0) return unmade(errno);
   }
   if (created && file->role == FileRole::kMain) {
     spdlog::info("vfs: created tenant {}/{} (slot {}, epoch {}) for uid {}", BucketName(bucket),
@@ -971,8 +1038,8 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
       spdlog::warn("vfs: {}", stamped.message());
     }
   }
-  if (int err = Landed(op); err != 0) return err;
-  if (::fstat(fd.get(), &st) != 0) return errno;
+  if (int err = Landed(op); err != 0) return unmade(err);
+  if (::fstat(fd.get(), &st) != 0) return unmade(errno);
   auto inode = inodes_.Remember(bucket, name, *file, st);
   if (created && file->role == FileRole::kMain) inode->exposed_epoch.store(epoch);
   {
@@ -1119,6 +1186,13 @@ void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, o
   FileHandle* h = HandleAs<FileHandle>(fi);
   if (h == nullptr) {
     self.Failed(req, Op::kFallocate, EBADF);
+    return;
+  }
+  // Only what SQLite uses. Punching, zeroing, collapsing or inserting a range
+  // changes committed bytes that replication would never see (no watch hook,
+  // no write gate; issue 10 routes them through capture).
+  if ((mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
+    self.Failed(req, Op::kFallocate, EOPNOTSUPP);
     return;
   }
   InFlight op;

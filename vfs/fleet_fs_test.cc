@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/falloc.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,21 +31,27 @@ class FakeClock final : public MonotonicClock {
  public:
   MonoTime Now() const override {
     std::int64_t now = ns_.load();
-    // Armed: this read still sees the time before the jump, every later one after.
-    if (jump_armed_.exchange(false)) ns_ += jump_ns_.load();
+    // Armed: the reads counted down still see the time before the jump,
+    // every later one after.
+    int left = reads_before_jump_.load();
+    while (left > 0 && !reads_before_jump_.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left == 1) ns_ += jump_ns_.load();
     return MonoTime(std::chrono::nanoseconds(now));
   }
   void Advance(std::chrono::nanoseconds d) { ns_ += d.count(); }
   // The next read returns the time now; the clock then moves on by `d`.
-  void JumpAfterNextRead(std::chrono::nanoseconds d) {
+  void JumpAfterNextRead(std::chrono::nanoseconds d) { JumpAfterReads(1, d); }
+  // The next `reads` reads return the time now; the clock then moves on by `d`.
+  void JumpAfterReads(int reads, std::chrono::nanoseconds d) {
     jump_ns_ = d.count();
-    jump_armed_ = true;
+    reads_before_jump_ = reads;
   }
 
  private:
   mutable std::atomic<std::int64_t> ns_{1'000'000'000'000};
   std::atomic<std::int64_t> jump_ns_{0};
-  mutable std::atomic<bool> jump_armed_{false};
+  mutable std::atomic<int> reads_before_jump_{0};
 };
 
 class FleetFsTest : public ::testing::Test {
@@ -615,6 +623,256 @@ TEST_F(FleetFsHooksTest, a_file_reopened_through_proc_after_a_new_epoch_is_prepa
   ::close(reopened.load());
   ::close(fd);
   EXPECT_EQ(Contents(Backing("slow1")), "two");
+}
+
+// ---- review F2: a deferred lookup or open is answered only for the epoch it was prepared for ----
+
+// Waits (a bounded time) until `hooks` holds `n` Prepares.
+bool WaitPrepares(FakeHooks& hooks, std::size_t n) {
+  for (int i = 0; i < 4000 && hooks.held() < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return hooks.held() >= n;
+}
+
+bool PreparedAt(FakeHooks& hooks, const std::string& key, std::uint64_t epoch) {
+  auto prepared = hooks.prepared_at();
+  return std::find(prepared.begin(), prepared.end(), std::make_pair(key, epoch)) != prepared.end();
+}
+
+TEST_F(FleetFsHooksTest, a_lookup_prepared_for_an_epoch_no_longer_served_is_prepared_again_before_its_answer) {
+  std::atomic<int> rc{-2}, err{0};
+  std::thread looking([&] {
+    struct stat st;
+    rc = ::stat(Mounted("slowlook").c_str(), &st);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1)) << "the lookup was not sent to Prepare";
+  ASSERT_TRUE(PreparedAt(hooks_, "slowlook", 1));
+  // The range lapses and is claimed again at a new epoch while Prepare runs.
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();  // the epoch-1 Prepare is done
+  bool again = WaitPrepares(hooks_, 1);
+  EXPECT_TRUE(again) << "the lookup was answered without a Prepare for epoch 2";
+  EXPECT_TRUE(PreparedAt(hooks_, "slowlook", 2));
+  EXPECT_EQ(rc.load(), -2) << "the lookup was answered before its Prepare for epoch 2";
+  hooks_.hold_slow = false;
+  hooks_.ReleaseAll();
+  looking.join();
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ENOENT);  // prepared for epoch 2, and rightly absent
+}
+
+TEST_F(FleetFsHooksTest, a_lookup_prepared_for_a_range_no_longer_served_is_answered_enoent) {
+  std::filesystem::create_directories(std::filesystem::path(Backing("slowgone")).parent_path());
+  std::ofstream(Backing("slowgone")) << "unstamped";
+  std::atomic<int> rc{-2}, err{0};
+  std::thread looking([&] {
+    struct stat st;
+    rc = ::stat(Mounted("slowgone").c_str(), &st);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1));
+  fs_->Publish(std::make_shared<const ServingView>());  // the range lapses
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();
+  looking.join();
+  EXPECT_EQ(rc.load(), -1);
+  EXPECT_EQ(err.load(), ENOENT);
+}
+
+TEST_F(FleetFsHooksTest, an_open_prepared_for_an_epoch_no_longer_served_is_prepared_again_before_its_answer) {
+  hooks_.hold_slow = false;
+  int fd = ::open(Mounted("slowopen").c_str(), O_CREAT | O_RDWR, 0644);  // stamped at epoch 1
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::close(fd);
+  int path_fd = ::open(Mounted("slowopen").c_str(), O_PATH);  // the kernel keeps the inode
+  ASSERT_GE(path_fd, 0) << std::strerror(errno);
+  hooks_.hold_slow = true;
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  // Opened through /proc: no lookup, so the open itself is prepared for epoch 2.
+  std::atomic<int> opened{-2}, err{0};
+  std::thread opening([&] {
+    opened = ::open(("/proc/self/fd/" + std::to_string(path_fd)).c_str(), O_RDWR);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1)) << "the open was not sent to Prepare";
+  ASSERT_TRUE(PreparedAt(hooks_, "slowopen", 2));
+  fs_->Publish(ServeAll(3, 3, seconds(10)));  // a new epoch while Prepare runs
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();
+  bool again = WaitPrepares(hooks_, 1);
+  EXPECT_TRUE(again) << "the open was answered without a Prepare for epoch 3";
+  EXPECT_TRUE(PreparedAt(hooks_, "slowopen", 3));
+  EXPECT_EQ(opened.load(), -2) << "the open was answered before its Prepare for epoch 3";
+  hooks_.hold_slow = false;
+  hooks_.ReleaseAll();
+  opening.join();
+  ASSERT_GE(opened.load(), 0) << std::strerror(err.load());
+  EXPECT_EQ(::pwrite(opened.load(), "three", 5, 0), 5);  // its handle is of epoch 3
+  ::close(opened.load());
+  ::close(path_fd);
+}
+
+TEST_F(FleetFsHooksTest, an_open_prepared_for_a_range_no_longer_served_is_answered_estale) {
+  hooks_.hold_slow = false;
+  int fd = ::open(Mounted("slowstale").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::close(fd);
+  int path_fd = ::open(Mounted("slowstale").c_str(), O_PATH);
+  ASSERT_GE(path_fd, 0);
+  hooks_.hold_slow = true;
+  fs_->Publish(ServeAll(2, 2, seconds(10)));
+  fs_->WaitForFences();
+  std::atomic<int> opened{-2}, err{0};
+  std::thread opening([&] {
+    opened = ::open(("/proc/self/fd/" + std::to_string(path_fd)).c_str(), O_RDWR);
+    err = errno;
+  });
+  ASSERT_TRUE(WaitPrepares(hooks_, 1));
+  fs_->Publish(std::make_shared<const ServingView>());  // the range lapses
+  fs_->WaitForFences();
+  hooks_.ReleaseAll();
+  opening.join();
+  EXPECT_EQ(opened.load(), -1);
+  EXPECT_EQ(err.load(), ESTALE);
+  if (opened.load() >= 0) ::close(opened.load());
+  ::close(path_fd);
+}
+
+// ---- review F4: one user cannot queue unbounded restores ahead of others ----
+
+TEST_F(FleetFsHooksTest, one_user_has_at_most_32_deferred_lookups_and_the_rest_are_answered_eagain) {
+  constexpr int kFlood = 100;
+  std::atomic<int> eagain{0}, enoent{0}, other{0};
+  std::vector<std::thread> flooding;
+  for (int i = 0; i < kFlood; ++i) {
+    flooding.emplace_back([&, i] {
+      // The kernel reports the caller's file system uid to the mount; this
+      // thread alone becomes nobody (setfsuid is per thread).
+      ::setfsuid(65534);
+      if (static_cast<uid_t>(::setfsuid(static_cast<uid_t>(-1))) != 65534) {
+        ++other;
+        return;
+      }
+      struct stat st;
+      int rc = ::stat(Mounted("slowflood" + std::to_string(i)).c_str(), &st);
+      int e = errno;
+      if (rc == -1 && e == EAGAIN) ++eagain;
+      else if (rc == -1 && e == ENOENT) ++enoent;
+      else ++other;
+    });
+  }
+  // The flooder's deferred lookups wait in Prepare; the rest are refused at once.
+  for (int i = 0; i < 10000 && eagain.load() + other.load() < kFlood - 32; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(eagain.load(), kFlood - 32);
+  EXPECT_EQ(hooks_.held(), 32u);
+  EXPECT_EQ(enoent.load(), 0) << "an absent name was answered before its Prepare";
+  // Another user (root here) still reaches Prepare at once.
+  std::atomic<int> root_rc{-2};
+  std::thread root_lookup([&] {
+    struct stat st;
+    root_rc = ::stat(Mounted("slowroot").c_str(), &st);
+  });
+  EXPECT_TRUE(WaitPrepares(hooks_, 33)) << "root's lookup waited behind nobody's";
+  EXPECT_TRUE(PreparedAt(hooks_, "slowroot", 1));
+  hooks_.hold_slow = false;
+  hooks_.ReleaseAll();
+  root_lookup.join();
+  for (auto& t : flooding) t.join();
+  EXPECT_EQ(root_rc.load(), -1);
+  EXPECT_EQ(eagain.load(), kFlood - 32);
+  EXPECT_EQ(enoent.load(), 32);  // prepared, and rightly absent
+  EXPECT_EQ(other.load(), 0);
+  // The bound is of lookups in flight: once answered, nobody may look up again.
+  std::atomic<int> again{-2}, again_err{0};
+  std::thread later([&] {
+    ::setfsuid(65534);
+    struct stat st;
+    again = ::stat(Mounted("slowlater").c_str(), &st);
+    again_err = errno;
+  });
+  later.join();
+  EXPECT_EQ(again.load(), -1);
+  EXPECT_EQ(again_err.load(), ENOENT);
+}
+
+// ---- review F6: fallocate modes that change committed bytes bypass replication ----
+
+TEST_F(FleetFsTest, an_allocate_that_would_punch_zero_collapse_or_insert_is_refused) {
+  for (std::string suffix : {"", "-wal", "-journal"}) {
+    const std::string path = Mounted("acme") + suffix;
+    int fd = ::open(path.c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const std::string data(16384, 'd');
+    ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    for (int mode : {FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
+                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_COLLAPSE_RANGE,
+                     FALLOC_FL_INSERT_RANGE}) {
+      EXPECT_EQ(::fallocate(fd, mode, 0, 4096), -1) << suffix << " mode " << mode;
+      EXPECT_EQ(errno, EOPNOTSUPP) << suffix << " mode " << mode << ": " << std::strerror(errno);
+    }
+    EXPECT_TRUE(Contents(Backing("acme") + suffix) == data) << suffix << ": its bytes changed";
+    // What SQLite uses still works.
+    EXPECT_EQ(::fallocate(fd, 0, 0, 32768), 0) << std::strerror(errno);
+    EXPECT_EQ(::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 65536), 0) << std::strerror(errno);
+    ::close(fd);
+  }
+}
+
+// ---- review: a truncate by name while the view drains ----
+
+TEST_F(FleetFsTest, a_draining_view_refuses_a_truncate_by_name_of_a_tenant_with_no_open_handle) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "kept", 4, 0), 4);
+  ::close(fd);
+  // The kernel keeps the inode, and no handle is open: a truncate through
+  // /proc reaches the mount by inode, with no handle and no lookup.
+  int path_fd = ::open(Mounted("acme").c_str(), O_PATH);
+  ASSERT_GE(path_fd, 0);
+  for (int i = 0; i < 1000 && fs_->OpenHandles() != 0; ++i) ::usleep(1000);
+  ASSERT_EQ(fs_->OpenHandles(), 0u);
+  fs_->Publish(ServeAll(1, 1, seconds(10), /*accepting=*/false));
+  const std::string by_proc = "/proc/self/fd/" + std::to_string(path_fd);
+  EXPECT_EQ(::truncate(by_proc.c_str(), 0), -1);
+  EXPECT_EQ(errno, ESTALE) << std::strerror(errno);
+  EXPECT_EQ(Contents(Backing("acme")), "kept");
+  // A tenant with an open handle may still truncate by name while draining.
+  fs_->Publish(ServeAll(1, 1, seconds(10)));
+  int open_fd = ::open(by_proc.c_str(), O_RDWR);
+  ASSERT_GE(open_fd, 0) << std::strerror(errno);
+  fs_->Publish(ServeAll(1, 1, seconds(10), /*accepting=*/false));
+  EXPECT_EQ(::truncate(by_proc.c_str(), 2), 0) << std::strerror(errno);
+  EXPECT_EQ(Contents(Backing("acme")), "ke");
+  ::close(open_fd);
+  ::close(path_fd);
+}
+
+// ---- review: a create that landed after the lease end leaves no file ----
+
+TEST_F(FleetFsTest, a_create_that_landed_after_the_lease_end_is_refused_and_removes_the_file_it_made) {
+  struct stat st;
+  ASSERT_EQ(::stat(Mounted("acme").c_str(), &st), -1);  // the kernel caches the absence
+  // The create reads the clock twice to admit itself (at once and right
+  // before the backing call); every later read is past the lease end.
+  // (No O_EXCL: with it the kernel looks the name up again first.)
+  clock_.JumpAfterReads(2, seconds(11));
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  int err = errno;
+  EXPECT_EQ(fd, -1);
+  // ESTALE, or EREMOTE from the kernel's retry with a fresh lookup.
+  EXPECT_TRUE(err == ESTALE || err == EREMOTE) << std::strerror(err);
+  if (fd >= 0) ::close(fd);
+  const auto estale = fs_->stats().errors[static_cast<std::size_t>(Op::kCreate)]
+                                         [static_cast<std::size_t>(ErrKind::kEstale)].load();
+  EXPECT_EQ(estale, 1u) << "the create did not reach the backing call inside the lease";
+  EXPECT_FALSE(std::filesystem::exists(Backing("acme")))
+      << "the file made after the lease end was left in the backing directory";
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ std::shared_ptr<FileInode> InodeTable::Remember(int bucket, std::string_view nam
                                                 const FleetFile& file,
                                                 const struct stat& st) {
   std::lock_guard lock(mu_);
-  auto key = std::make_pair(st.st_dev, st.st_ino);
+  BackingKey key{st.st_dev, st.st_ino, bucket, std::string(name)};
   auto it = by_backing_.find(key);
   if (it != by_backing_.end()) {
     auto& inode = inodes_.at(it->second);
@@ -30,7 +30,7 @@ std::shared_ptr<FileInode> InodeTable::Remember(int bucket, std::string_view nam
   inode->backing_ino = st.st_ino;
   inode->nlookup = 1;
   inodes_.emplace(inode->ino, inode);
-  by_backing_.emplace(key, inode->ino);
+  by_backing_.emplace(std::move(key), inode->ino);
   return inode;
 }
 
@@ -42,7 +42,9 @@ void InodeTable::Forget(Ino ino, std::uint64_t nlookup) {
   auto& inode = it->second;
   inode->nlookup -= std::min(nlookup, inode->nlookup);
   if (inode->nlookup == 0) {
-    by_backing_.erase(std::make_pair(inode->dev, inode->backing_ino));
+    // Its key names it alone (Remember finds a key before it adds one).
+    auto key = by_backing_.find(KeyOf(*inode));
+    if (key != by_backing_.end() && key->second == ino) by_backing_.erase(key);
     inodes_.erase(it);
   }
 }

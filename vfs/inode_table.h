@@ -4,7 +4,11 @@
 // layout is fixed, so they are too); every fleet file the kernel looks up
 // gets a number from kFirstFileIno up, kept until the kernel forgets it
 // (FUSE forget: the lookup count drops to zero). One backing file (dev, ino)
-// has one number while the kernel knows it.
+// found under one name (bucket, name) has one number while the kernel knows
+// it. The name is part of the identity: a file system reuses a deleted
+// file's inode number at once (ext4 does), while the kernel may still know
+// the deleted file (a descriptor holds it), so a new file under another name
+// with the same (dev, ino) is another inode, never the deleted one's.
 //
 // An inode holds no descriptor: it names its backing file by bucket and name
 // and remembers the (dev, ino) it was found as, so however many inodes the
@@ -66,7 +70,8 @@ class InodeTable {
   // The inode numbered `ino`, or nullptr (a fixed number, or forgotten).
   std::shared_ptr<FileInode> Find(Ino ino) const;
   // Registers (or finds) the inode of the backing file `st` describes, found
-  // as `name` in `bucket`, and counts one lookup.
+  // as `name` in `bucket`, and counts one lookup. The inode returned always
+  // has this bucket and name.
   std::shared_ptr<FileInode> Remember(int bucket, std::string_view name, const FleetFile& file,
                                       const struct stat& st);
   // The kernel forgot `nlookup` lookups of `ino`. Open handles keep their
@@ -77,9 +82,21 @@ class InodeTable {
   std::size_t size() const;
 
  private:
+  // What a backing file is known by: its (dev, ino) and the name it was found as.
+  struct BackingKey {
+    dev_t dev;
+    ino_t ino;
+    int bucket;
+    std::string name;
+    auto operator<=>(const BackingKey&) const = default;
+  };
+  static BackingKey KeyOf(const FileInode& inode) {
+    return BackingKey{inode.dev, inode.backing_ino, inode.bucket, inode.name};
+  }
+
   mutable std::mutex mu_;  // guards the three below and every FileInode::nlookup; taken alone
   std::unordered_map<Ino, std::shared_ptr<FileInode>> inodes_;
-  std::map<std::pair<dev_t, ino_t>, Ino> by_backing_;
+  std::map<BackingKey, Ino> by_backing_;
   Ino next_ino_ = kFirstFileIno;
 };
 

@@ -309,5 +309,104 @@ class Symlinks(MountTest):
         self.assertTrue(a.running())
 
 
+class ReusedInodeNumbers(MountTest):
+    """ext4 gives a deleted file's inode number to the next file it makes. The
+    kernel may still know the deleted file (a descriptor holds its inode), so
+    the mount must never give a new file, under another name, the deleted
+    one's identity (found by the review: every commit of the new tenants
+    failed with "disk I/O error", and the agent exited "not all shipped")."""
+    TIME_LIMIT = 180
+    PINNED = 12
+    FRESH = 4
+
+    def ext4_at(self, path):
+        image = os.path.join(self.root, "ext4.img")
+        with open(image, "wb") as f:
+            f.truncate(64 << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", image], check=True, capture_output=True)
+        os.makedirs(path)
+        subprocess.run(["mount", "-o", "loop", image, path], check=True, capture_output=True)
+
+        def unmount():
+            for agent in self.agents:  # their mounts sit inside this one
+                agent.cleanup()
+            subprocess.run(["umount", "-l", path], capture_output=True)
+        self.addCleanup(unmount)  # runs before the harness's teardown removes the root
+        os.chmod(path, 0o1777)
+
+    def test_new_tenants_never_take_the_identity_of_deleted_ones_still_known_to_the_kernel(self):
+        self.ext4_at(os.path.join(self.root, "a"))
+        a = self.agent("a", extra=["--replica", f"file://{self.root}/replica",
+                                   "--sync-interval", "200ms"])
+        os.chmod(a.backing, 0o1777)  # as the demo: anyone may create tenants
+        a.start()
+        a.wait_states("serving")
+        rows = slots(*[f"reuse{n}" for n in range(2000)])
+        by_bucket = {}
+        for key, row in rows.items():
+            by_bucket.setdefault(row["bucket"], []).append(key)
+        bucket, pinned = next((b, keys[:self.PINNED]) for b, keys in by_bucket.items()
+                              if len(keys) >= self.PINNED)
+        fresh = [keys[0] for b, keys in by_bucket.items() if b != bucket][:self.FRESH]
+        path = {k: os.path.join(a.mount, rows[k]["tenant_path"]) for k in pinned + fresh}
+
+        # As nobody: make the tenants, hold each by an O_PATH descriptor (no
+        # open reaches the mount, so the kernel keeps the inode and the agent
+        # holds nothing), delete each through the mount, and hold on.
+        ready_r, ready_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(ready_r)
+                os.close(done_w)
+                as_nobody()
+                held = []
+                for key in pinned:
+                    db = sqlite3.connect(path[key])
+                    db.execute("CREATE TABLE t(x)")
+                    db.execute("INSERT INTO t VALUES (1)")
+                    db.commit()
+                    db.close()
+                    held.append(os.open(path[key], os.O_PATH))
+                    os.unlink(path[key])
+                os.write(ready_w, b"1")
+                os.read(done_r, 1)
+                for fd in held:
+                    os.close(fd)
+                code = 0
+            except BaseException as e:  # reported through the exit code
+                print(f"nobody's part failed: {e!r}", file=sys.stderr)
+            finally:
+                os._exit(code)
+        os.close(ready_w)
+        os.close(done_r)
+        try:
+            self.assertEqual(os.read(ready_r, 1), b"1", "nobody's tenants were not made")
+            # As root: new tenants in other buckets; ext4 reuses the freed numbers.
+            failures = []
+            for key in fresh:
+                try:
+                    db = sqlite3.connect(path[key])
+                    db.execute("CREATE TABLE t(x)")
+                    for n in range(5):
+                        db.execute("INSERT INTO t VALUES (?)", (n,))
+                        db.commit()
+                    self.assertEqual(db.execute("SELECT count(*) FROM t").fetchone()[0], 5)
+                    db.close()
+                except sqlite3.Error as e:
+                    failures.append((key, str(e)))
+            self.assertEqual(failures, [], "commits of new tenants failed\n" + a.log_tail())
+        finally:
+            os.write(done_w, b"1")
+            os.close(done_w)
+            os.close(ready_r)
+            _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertTrue(a.running(), a.log_tail())
+        self.assertEqual(a.stop(), 0, "SIGTERM must ship everything and exit 0\n" + a.log_tail())
+
+
 if __name__ == "__main__":
     unittest.main()

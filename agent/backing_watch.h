@@ -62,7 +62,6 @@ std::string_view BackingStateName(BackingState state);
 
 // What operators see; a value.
 struct BackingReport {
-  std::string path;
   BackingState state = BackingState::kOk;
   std::string reason;              // empty while kOk
   std::uint64_t enospc_recent = 0;  // ENOSPC of write-type operations within the window
@@ -89,9 +88,7 @@ class BackingWatch {
     std::vector<LogLine> log;
   };
 
-  explicit BackingWatch(BackingWatchOptions options) : options_(std::move(options)) {
-    report_.path = options_.backing;
-  }
+  explicit BackingWatch(BackingWatchOptions options) : options_(std::move(options)) {}
 
   // The mount's counters now (totals, never smaller than before).
   Decision Observe(MonoTime now, const BackingErrors& totals);

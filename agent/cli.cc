@@ -413,7 +413,14 @@ int PrintStatus(Json doc, std::ostream& out) {
       << doc["admin"].get<std::string>() << "   open files " << doc["open_files"].get<int>()
       << "   health " << (doc["health"]["ok"].get<bool>() ? "ok" : "FAILING: ")
       << (doc["health"]["ok"].get<bool>() ? "" : Printable(doc["health"]["reason"].get<std::string>().substr(0, doc["health"]["reason"].get<std::string>().size() - 1)))
-      << "\n\n";
+      << "\n";
+  // A full or failed backing volume, named with why (an older agent has no such key).
+  if (doc.contains("backing_volume") && doc["backing_volume"]["state"].get<std::string>() != "ok") {
+    const Json& b = doc["backing_volume"];
+    out << "BACKING VOLUME " << b["state"].get<std::string>() << ": "
+        << Printable(b["reason"].get<std::string>()) << '\n';
+  }
+  out << '\n';
   std::vector<std::vector<std::string>> rows = {
       {"RANGE", "EPOCH", "STATE", "LEASE LEFT", "OPEN FILES", "REPL LAG", "NOTE"}};
   for (Json r : doc["ranges"]) {

@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "agent/admin_server.h"
+#include "agent/backing_watch.h"
 #include "agent/lifecycle.h"
 #include "agent/report.h"
 #include "agent/stale_mount.h"
@@ -52,6 +53,10 @@ void RaiseOpenFileLimit() {
                limit.rlim_max);
 }
 
+// How often the loop reads the mount's error counters: relaxed atomic loads,
+// cheap enough to do often, so a failing volume is acted on within a second.
+constexpr Millis kBackingCheck{200};
+
 int ExitCodeFor(const Status& status) {
   return status.code() == Code::kInvalidArgument ? 2 : 1;
 }
@@ -59,7 +64,9 @@ int ExitCodeFor(const Status& status) {
 class Agent {
  public:
   explicit Agent(const AgentConfig& config)
-      : config_(config), lifecycle_(LifecycleOptions{config.ttl, config.shutdown_grace}) {}
+      : config_(config),
+        lifecycle_(LifecycleOptions{config.ttl, config.shutdown_grace}),
+        backing_watch_(BackingWatchOptions{config.backing}) {}
   int Run(std::ostream& err);
 
  private:
@@ -76,6 +83,12 @@ class Agent {
     Millis flush_limit{0};
     bool all_shipped = true;  // written on the pool, read after it
   };
+  // A probe of the backing volume: blocking I/O, on the pool.
+  struct ProbeWork {
+    uv_work_t req{};
+    Agent* agent = nullptr;
+    ProbeResult result;  // written on the pool, read after it
+  };
 
   void Post(lease::Refresher::Task task);  // any thread
   void RunPosted();
@@ -88,6 +101,13 @@ class Agent {
   void Publish();
   Status MountNow();
   void StartStopWork();
+  // The backing volume: the mount's counters read on the loop, a probe on
+  // the pool, and the lifecycle told when the probe confirms a failure.
+  void CheckBacking();
+  void StartProbe();
+  void BackingProbed(const ProbeResult& result);
+  void LogBacking(const std::vector<BackingWatch::LogLine>& log) const;
+  void MirrorBacking();
   void Finish();
   void CloseLoopHandles();
   AgentSnapshot Snapshot() const;
@@ -99,6 +119,7 @@ class Agent {
 
   uv_loop_t loop_{};
   uv_timer_t wake_{};
+  uv_timer_t backing_timer_{};
   uv_async_t posted_async_{};
   uv_signal_t sigterm_{};
   uv_signal_t sigint_{};
@@ -115,6 +136,7 @@ class Agent {
   // Loop thread only.
   Lifecycle lifecycle_;
   ServingPlan plan_;
+  BackingWatch backing_watch_;
   int work_in_flight_ = 0;
   bool stop_work_running_ = false;
   MonoTime next_refresh_{};
@@ -125,6 +147,9 @@ class Agent {
   std::atomic<bool> session_ended_{false};  // set by the FUSE session's thread
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Outcome::kCount)> outcomes_{};
   std::atomic<std::uint64_t> refreshes_{0};
+  mutable std::mutex backing_mu_;  // guards the two below; never held across I/O
+  BackingReport backing_report_;
+  std::string failure_;  // the lifecycle's failure(): why the agent stood down
   std::mutex failures_mu_;  // guards last_failures_; never held across I/O
   std::map<SlotRange, std::string> last_failures_;
 };
@@ -347,6 +372,62 @@ void Agent::StartStopWork() {
       });
 }
 
+// ---- the backing volume ----
+
+void Agent::CheckBacking() {
+  if (!fs_ || lifecycle_.phase() == Phase::kStopped) return;
+  BackingWatch::Decision d = backing_watch_.Observe(mono_.Now(), BackingErrorsOf(fs_->stats()));
+  LogBacking(d.log);
+  MirrorBacking();
+  if (d.probe) StartProbe();
+}
+
+void Agent::StartProbe() {
+  auto* work = new ProbeWork;
+  work->agent = this;
+  work->req.data = work;
+  ++work_in_flight_;
+  uv_queue_work(
+      &loop_, &work->req,
+      [](uv_work_t* req) {
+        auto* w = static_cast<ProbeWork*>(req->data);
+        w->result = ProbeBacking(w->agent->config_.backing);
+      },
+      [](uv_work_t* req, int) {
+        std::unique_ptr<ProbeWork> w(static_cast<ProbeWork*>(req->data));
+        Agent* agent = w->agent;
+        --agent->work_in_flight_;
+        if (agent->lifecycle_.phase() == Phase::kStopped) return;
+        agent->BackingProbed(w->result);
+      });
+}
+
+void Agent::BackingProbed(const ProbeResult& result) {
+  std::vector<BackingWatch::LogLine> log;
+  std::optional<std::string> why = backing_watch_.Probed(mono_.Now(), result, &log);
+  LogBacking(log);
+  MirrorBacking();
+  if (!why) return;
+  Apply(lifecycle_.BackingFailed(mono_.Now(), *why, Observe()));
+  std::lock_guard lock(backing_mu_);
+  failure_ = lifecycle_.failure();
+}
+
+void Agent::LogBacking(const std::vector<BackingWatch::LogLine>& log) const {
+  for (const BackingWatch::LogLine& line : log) {
+    if (line.warn) {
+      spdlog::warn("{}", line.text);
+    } else {
+      spdlog::info("{}", line.text);
+    }
+  }
+}
+
+void Agent::MirrorBacking() {
+  std::lock_guard lock(backing_mu_);
+  backing_report_ = backing_watch_.report();
+}
+
 void Agent::Finish() {
   phase_ = Phase::kStopped;
   // Lookups waiting for a restore are answered while the session still runs.
@@ -359,6 +440,7 @@ void Agent::Finish() {
   }
   if (admin_) admin_->Close();
   uv_timer_stop(&wake_);
+  uv_timer_stop(&backing_timer_);
   CloseLoopHandles();
   // A store call that still hangs keeps its pool thread; it must not keep
   // the agent from exiting.
@@ -367,6 +449,7 @@ void Agent::Finish() {
 
 void Agent::CloseLoopHandles() {
   for (uv_handle_t* h : {reinterpret_cast<uv_handle_t*>(&wake_),
+                         reinterpret_cast<uv_handle_t*>(&backing_timer_),
                          reinterpret_cast<uv_handle_t*>(&posted_async_),
                          reinterpret_cast<uv_handle_t*>(&sigterm_),
                          reinterpret_cast<uv_handle_t*>(&sigint_)}) {
@@ -399,6 +482,11 @@ AgentSnapshot Agent::Snapshot() const {
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();
   s.refreshes = refreshes_.load();
   if (fs) s.vfs = SnapshotOf(fs->stats(), fs->OpenHandles());
+  {
+    std::lock_guard lock(backing_mu_);
+    s.backing_volume = backing_report_;
+    s.failure = failure_;
+  }
   if (replicator_) {
     s.replica = config_.replica;
     s.replication = replicator_->Stats();
@@ -474,6 +562,11 @@ int Agent::Run(std::ostream& err) {
   uv_loop_init(&loop_);
   uv_timer_init(&loop_, &wake_);
   wake_.data = this;
+  uv_timer_init(&loop_, &backing_timer_);
+  backing_timer_.data = this;
+  uv_timer_start(&backing_timer_,
+                 [](uv_timer_t* t) { static_cast<Agent*>(t->data)->CheckBacking(); },
+                 kBackingCheck.count(), kBackingCheck.count());
   uv_async_init(&loop_, &posted_async_, [](uv_async_t* a) { static_cast<Agent*>(a->data)->RunPosted(); });
   posted_async_.data = this;
   uv_signal_init(&loop_, &sigterm_);

@@ -7,8 +7,11 @@
 // a new serving view on every change. SIGTERM/SIGINT: stop exposing, give
 // open handles a bounded time, fence and flush on the pool while the loop
 // keeps renewing, release when DESIGN section 2 allows, unmount, exit 0 (or
-// kExitLapsed when held ranges lapse instead). The phases and the release
-// rules are agent/lifecycle's; this file carries its decisions out.
+// kExitLapsed when held ranges lapse instead). A backing volume that turns
+// read-only or fails writes (agent/backing_watch: the mount's counters, then
+// a probe on the pool) stops serving and releases like a stop, then stands
+// by in phase failed until a signal, and exits 1. The phases and the
+// release rules are agent/lifecycle's; this file carries its decisions out.
 //
 // Thread-safety: Run blocks the calling thread, which becomes the loop
 // thread. The status snapshot is read from FUSE threads too; everything it

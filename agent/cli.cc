@@ -413,7 +413,14 @@ int PrintStatus(Json doc, std::ostream& out) {
       << doc["admin"].get<std::string>() << "   open files " << doc["open_files"].get<int>()
       << "   health " << (doc["health"]["ok"].get<bool>() ? "ok" : "FAILING: ")
       << (doc["health"]["ok"].get<bool>() ? "" : Printable(doc["health"]["reason"].get<std::string>().substr(0, doc["health"]["reason"].get<std::string>().size() - 1)))
-      << "\n\n";
+      << "\n";
+  // A full or failed backing volume, named with why (an older agent has no such key).
+  if (doc.contains("backing_volume") && doc["backing_volume"]["state"].get<std::string>() != "ok") {
+    const Json& b = doc["backing_volume"];
+    out << "BACKING VOLUME " << b["state"].get<std::string>() << ": "
+        << Printable(b["reason"].get<std::string>()) << '\n';
+  }
+  out << '\n';
   std::vector<std::vector<std::string>> rows = {
       {"RANGE", "EPOCH", "STATE", "LEASE LEFT", "OPEN FILES", "REPL LAG", "NOTE"}};
   for (Json r : doc["ranges"]) {
@@ -512,8 +519,20 @@ each new snapshot, older generations whose last commit is past the retention
 go (never the newest), and so do objects that precede a snapshot older than
 the retention; any commit within the retention stays restorable.
 
+BACKING VOLUME FAULTS
+Writes failing with ENOSPC make /health 503 ("the backing volume ... is
+full") until 30s after the last one; the ranges stay served. EROFS from any
+operation, or EIO from a write, makes the agent probe the volume itself
+(statvfs, then a file written and synced under BACKING/.fleetfs): when the
+probe fails with EROFS or EIO, the agent stops serving, releases its ranges
+so a healthy host can claim them, and stands by in phase "failed" saying why
+until SIGTERM, then exits 1. Errors of single files (a probe that writes
+fine) release nothing.
+
 ADMIN ENDPOINT
   /health   200 while every range is served or waiting; 503 with the reason
+            (a store call failed, a lease lapsed, the backing volume is full or
+            failed, the replica takes no uploads)
   /status   the status document (JSON)
   /metrics  Prometheus text
 

@@ -38,7 +38,7 @@ VfsSnapshot SnapshotOf(const vfs::VfsStats& stats, std::size_t open_handles) {
 }
 
 std::string RangeState(const lease::RangeStatus& status, std::string_view phase) {
-  if (phase == "stopped") return "stopped";
+  if (phase == "stopped" || phase == "failed") return "stopped";
   if (status.serving) return "serving";
   switch (status.last) {
     case RangeOutcome::kWaiting: return "waiting";
@@ -58,6 +58,54 @@ namespace {
 bool CallFailed(const lease::RangeStatus& s) {
   return s.last == RangeOutcome::kFailed || s.last == RangeOutcome::kTimedOut ||
          s.last == RangeOutcome::kStillRunning;
+}
+
+// The replication counters, each named once for status.json and /metrics.
+struct ReplicationCounter {
+  std::string_view json;    // key in the status document's "replication"
+  std::string_view metric;  // Prometheus counter
+  std::string_view help;
+  std::uint64_t replica::ReplicationStats::*value;
+};
+using RS = replica::ReplicationStats;
+constexpr ReplicationCounter kReplicationCounters[] = {
+    {"transactions_shipped", "fleetfs_replication_transactions_shipped_total",
+     "Transactions shipped in segments.", &RS::txns_shipped},
+    {"bytes_shipped", "fleetfs_replication_bytes_shipped_total", "Bytes put at the destination.",
+     &RS::bytes_shipped},
+    {"snapshots", "fleetfs_replication_snapshots_total", "Snapshots put.", &RS::snapshots},
+    {"segments", "fleetfs_replication_segments_total", "Segments put.", &RS::segments},
+    {"upload_failures", "fleetfs_replication_upload_failures_total",
+     "Destination calls that failed.", &RS::upload_failures},
+    {"restores", "fleetfs_replication_restores_total", "Tenants restored from the replica.",
+     &RS::restores},
+    {"restore_failures", "fleetfs_replication_restore_failures_total", "Restores that failed.",
+     &RS::restore_failures},
+    {"stale_replaced", "fleetfs_replication_stale_replaced_total",
+     "Files replaced because another owner wrote a newer epoch.", &RS::stale_replaced},
+    {"tombstones", "fleetfs_replication_tombstones_total", "Tombstones put for deleted tenants.",
+     &RS::tombstones},
+    {"newer_epochs_seen", "fleetfs_replication_newer_epochs_total",
+     "Tenants whose replica held a newer epoch than ours (their range was dropped).",
+     &RS::newer_epochs},
+    {"warm_restores_queued", "fleetfs_replication_warm_queued_total",
+     "Tenants queued for a background restore after a claim.", &RS::warm_queued},
+    {"capture_failures", "fleetfs_replication_capture_failures_total",
+     "Captures that could not read a tenant's files; each forces a snapshot.",
+     &RS::capture_failures},
+    {"absent_listed", "fleetfs_replication_absent_listed_total",
+     "Lookups of keys missing here that listed the replica.", &RS::absent_listed},
+};
+
+// The errnos that tell of a failing backing volume, counted over every op.
+constexpr vfs::ErrKind kBackingErrKinds[] = {vfs::ErrKind::kErofs, vfs::ErrKind::kEnospc,
+                                             vfs::ErrKind::kEio};
+
+std::uint64_t ErrorsOfKind(const std::optional<VfsSnapshot>& v, vfs::ErrKind kind) {
+  if (!v) return 0;
+  std::uint64_t n = 0;
+  for (const auto& row : v->errors) n += row[static_cast<std::size_t>(kind)];
+  return n;
 }
 
 std::string Seconds(Millis ms) {
@@ -124,28 +172,32 @@ Json StatusJson(const AgentSnapshot& s) {
   };
   if (s.replication) {
     const replica::ReplicationStats& r = *s.replication;
-    doc["replication"] = {
-        {"replica", s.replica},
-        {"transactions_shipped", r.txns_shipped},
-        {"bytes_shipped", r.bytes_shipped},
-        {"snapshots", r.snapshots},
-        {"segments", r.segments},
-        {"upload_failures", r.upload_failures},
-        {"restores", r.restores},
-        {"restore_failures", r.restore_failures},
-        {"stale_replaced", r.stale_replaced},
-        {"tombstones", r.tombstones},
-        {"newer_epochs_seen", r.newer_epochs},
-        {"warm_restores_queued", r.warm_queued},
-        {"tenants", r.tenants},
-        {"tenants_unshipped", r.unshipped_tenants},
-        {"lag_p50_s", r.lag_p50_s},
-        {"lag_p99_s", r.lag_p99_s},
-        {"failing", r.failing},
-    };
+    Json rep = {{"replica", s.replica}};
+    for (const ReplicationCounter& c : kReplicationCounters) rep[std::string(c.json)] = r.*c.value;
+    rep["tenants"] = r.tenants;
+    rep["tenants_unshipped"] = r.unshipped_tenants;
+    rep["lag_p50_s"] = r.lag_p50_s;
+    rep["lag_p99_s"] = r.lag_p99_s;
+    rep["failing"] = r.failing;
+    doc["replication"] = std::move(rep);
   } else {
     doc["replication"] = "off: no --replica is configured; commits are not shipped";
   }
+  const BackingReport& b = s.backing_volume;
+  Json errors = Json::object();
+  for (vfs::ErrKind kind : kBackingErrKinds) {
+    errors[std::string(vfs::ErrKindName(kind))] = ErrorsOfKind(s.vfs, kind);
+  }
+  doc["backing_volume"] = {
+      {"path", s.backing},
+      {"state", BackingStateName(b.state)},
+      {"reason", b.reason},
+      {"enospc_recent", b.enospc_recent},
+      {"probes", b.probes},
+      {"probes_clear", b.probes_clear},
+      {"errors", errors},
+  };
+  if (!s.failure.empty()) doc["failure"] = s.failure;
   HttpResponse health = Health(s);
   doc["health"] = {{"ok", health.status == 200}, {"reason", health.body}};
   return doc;
@@ -176,6 +228,14 @@ HttpResponse Health(const AgentSnapshot& s) {
   auto unhealthy = [](std::string reason) {
     return HttpResponse{503, "text/plain; charset=utf-8", reason + "\n"};
   };
+  const BackingReport& backing = s.backing_volume;
+  if (s.phase == "failed" || backing.state == BackingState::kFailed) {
+    const std::string why = !backing.reason.empty() ? backing.reason : s.failure;
+    return unhealthy(why + (s.phase == "failed"
+                                ? "; serving nothing and claiming nothing: fix the volume, then "
+                                  "restart the agent"
+                                : "; stopping serving and releasing the ranges"));
+  }
   if (s.phase == "starting") return unhealthy("starting: the first claim has not answered");
   if (s.phase == "draining" || s.phase == "stopping" || s.phase == "stopped") {
     return unhealthy("stopping: the agent is shutting down");
@@ -191,6 +251,9 @@ HttpResponse Health(const AgentSnapshot& s) {
     if (st.last == RangeOutcome::kLost) return unhealthy(name + " was lost to a newer epoch");
     if (st.epoch) return unhealthy(name + " lapsed at epoch " + st.epoch->ToString());
     return unhealthy(name + " is not claimed yet");
+  }
+  if (backing.state == BackingState::kFull) {
+    return unhealthy(backing.reason + "; still serving what fits");
   }
   if (s.replication && !s.replication->failing.empty()) {
     return unhealthy("the replicator cannot write to " + s.replica + ": " +
@@ -259,6 +322,24 @@ std::string MetricsText(const AgentSnapshot& s) {
           << v.errors[i][j] << '\n';
     }
   }
+  help("fleetfs_fuse_errno_total", "counter",
+       "FUSE operations answered with EROFS, ENOSPC or EIO, over every op (EIO also counts "
+       "restores that failed).");
+  for (vfs::ErrKind kind : kBackingErrKinds) {
+    out << "fleetfs_fuse_errno_total{errno=\"" << vfs::ErrKindName(kind) << "\"} "
+        << ErrorsOfKind(s.vfs, kind) << '\n';
+  }
+  const BackingReport& b = s.backing_volume;
+  help("fleetfs_backing_full", "gauge",
+       "1 while writes to the backing volume failed with ENOSPC within the last window.");
+  out << "fleetfs_backing_full " << (b.state == BackingState::kFull ? 1 : 0) << '\n';
+  help("fleetfs_backing_failed", "gauge",
+       "1 once a probe found the backing volume read-only or failing writes (the agent stands "
+       "down).");
+  out << "fleetfs_backing_failed " << (b.state == BackingState::kFailed ? 1 : 0) << '\n';
+  help("fleetfs_backing_probes_total", "counter",
+       "Probes of the backing volume after EROFS or write EIO through the mount.");
+  out << "fleetfs_backing_probes_total " << b.probes << '\n';
   if (s.replication) {
     const replica::ReplicationStats& r = *s.replication;
     help("fleetfs_range_replication_lag_seconds", "gauge",
@@ -267,29 +348,10 @@ std::string MetricsText(const AgentSnapshot& s) {
       out << "fleetfs_range_replication_lag_seconds{range=\"" << rs.status.range.ToString()
           << "\"} " << rs.replication_lag_s << '\n';
     }
-    auto counter = [&](std::string_view name, std::string_view text, std::uint64_t v) {
-      help(name, "counter", text);
-      out << name << ' ' << v << '\n';
-    };
-    counter("fleetfs_replication_transactions_shipped_total", "Transactions shipped in segments.",
-            r.txns_shipped);
-    counter("fleetfs_replication_bytes_shipped_total", "Bytes put at the destination.",
-            r.bytes_shipped);
-    counter("fleetfs_replication_snapshots_total", "Snapshots put.", r.snapshots);
-    counter("fleetfs_replication_upload_failures_total", "Destination calls that failed.",
-            r.upload_failures);
-    counter("fleetfs_replication_restores_total", "Tenants restored from the replica.", r.restores);
-    counter("fleetfs_replication_restore_failures_total", "Restores that failed.",
-            r.restore_failures);
-    counter("fleetfs_replication_stale_replaced_total",
-            "Files replaced because another owner wrote a newer epoch.", r.stale_replaced);
-    counter("fleetfs_replication_tombstones_total", "Tombstones put for deleted tenants.",
-            r.tombstones);
-    counter("fleetfs_replication_newer_epochs_total",
-            "Tenants whose replica held a newer epoch than ours (their range was dropped).",
-            r.newer_epochs);
-    counter("fleetfs_replication_warm_queued_total",
-            "Tenants queued for a background restore after a claim.", r.warm_queued);
+    for (const ReplicationCounter& c : kReplicationCounters) {
+      help(c.metric, "counter", c.help);
+      out << c.metric << ' ' << r.*c.value << '\n';
+    }
     help("fleetfs_replication_lag_seconds", "gauge",
          "Commit-to-shipped time over the last shipped commits.");
     out << "fleetfs_replication_lag_seconds{quantile=\"0.5\"} " << r.lag_p50_s << '\n';

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/admin_server.h"
+#include "agent/backing_watch.h"
 #include "fleet/replicator.h"
 #include "lease/host_ownership.h"
 #include "vfs/vfs_stats.h"
@@ -53,6 +54,8 @@ struct AgentSnapshot {
   std::optional<VfsSnapshot> vfs;  // nullopt before the mount
   std::string replica;             // destination URL; empty when replication is off
   std::optional<replica::ReplicationStats> replication;
+  BackingReport backing_volume;    // whether the backing volume takes writes
+  std::string failure;             // why the agent stood down (phase "failed"); else empty
 };
 
 // "serving", "waiting", "lost", "failed", "lapsed", "pending" or "stopped".
@@ -65,6 +68,7 @@ std::string DumpJson(const nlohmann::json& doc);
 std::string RangesText(const AgentSnapshot& snapshot);
 std::string MetricsText(const AgentSnapshot& snapshot);
 // 200 while every configured range is served or waiting; 503 naming the
+// backing volume when it failed (the agent stood down) or is full, else the
 // first range whose store call failed, whose lease lapsed, or that was lost.
 HttpResponse Health(const AgentSnapshot& snapshot);
 

@@ -84,6 +84,104 @@ TEST(Report, status_and_metrics_name_each_range_with_its_epoch_state_and_lease) 
   EXPECT_NE(RangesText(s).find("0-99 serving epoch 7"), std::string::npos);
 }
 
+TEST(Health, a_full_backing_volume_fails_naming_it_while_the_ranges_stay_served) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.backing = "/srv/backing";
+  s.backing_volume.state = BackingState::kFull;
+  s.backing_volume.enospc_recent = 4;
+  s.backing_volume.reason =
+      "the backing volume /srv/backing is full: 4 writes failed with ENOSPC in the last 30s";
+  HttpResponse h = Health(s);
+  EXPECT_EQ(h.status, 503);
+  EXPECT_EQ(h.body,
+            "the backing volume /srv/backing is full: 4 writes failed with ENOSPC in the last 30s; "
+            "still serving what fits\n");
+  nlohmann::json doc = StatusJson(s);
+  EXPECT_EQ(doc["backing_volume"]["state"], "full");
+  EXPECT_EQ(doc["backing_volume"]["path"], "/srv/backing");
+  EXPECT_EQ(doc["backing_volume"]["enospc_recent"], 4);
+  EXPECT_EQ(doc["ranges"][0]["state"], "serving");
+  EXPECT_FALSE(doc["health"]["ok"]);
+  EXPECT_NE(MetricsText(s).find("fleetfs_backing_full 1\n"), std::string::npos);
+}
+
+TEST(Health, a_failed_backing_volume_is_named_while_stopping_and_after_standing_down) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.backing = "/srv/backing";
+  s.backing_volume.state = BackingState::kFailed;
+  s.backing_volume.reason = "the backing volume /srv/backing is read-only: creating "
+                            "/srv/backing/.fleetfs/write-probe failed: Read-only file system (EROFS)";
+  s.phase = "stopping";
+  HttpResponse stopping = Health(s);
+  EXPECT_EQ(stopping.status, 503);
+  EXPECT_NE(stopping.body.find("/srv/backing is read-only"), std::string::npos) << stopping.body;
+  EXPECT_NE(stopping.body.find("releasing the ranges"), std::string::npos) << stopping.body;
+
+  s.phase = "failed";
+  s.failure = s.backing_volume.reason;
+  s.ranges = {Range("0-99", RangeOutcome::kRenewed, false)};
+  HttpResponse failed = Health(s);
+  EXPECT_EQ(failed.status, 503);
+  EXPECT_NE(failed.body.find("/srv/backing is read-only"), std::string::npos) << failed.body;
+  EXPECT_NE(failed.body.find("serving nothing and claiming nothing"), std::string::npos);
+  nlohmann::json doc = StatusJson(s);
+  EXPECT_EQ(doc["phase"], "failed");
+  EXPECT_EQ(doc["failure"], s.failure);
+  EXPECT_EQ(doc["backing_volume"]["state"], "failed");
+  EXPECT_EQ(doc["ranges"][0]["state"], "stopped");
+  EXPECT_NE(MetricsText(s).find("fleetfs_backing_failed 1\n"), std::string::npos);
+}
+
+TEST(Report, erofs_enospc_and_eio_are_counted_by_name_over_every_op_even_at_zero) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  std::string zero = MetricsText(s);
+  for (const char* line : {"fleetfs_fuse_errno_total{errno=\"EROFS\"} 0\n",
+                           "fleetfs_fuse_errno_total{errno=\"ENOSPC\"} 0\n",
+                           "fleetfs_fuse_errno_total{errno=\"EIO\"} 0\n"}) {
+    EXPECT_NE(zero.find(line), std::string::npos) << line;
+  }
+  VfsSnapshot v;
+  auto at = [&](vfs::Op op, vfs::ErrKind kind) -> std::uint64_t& {
+    return v.errors[static_cast<std::size_t>(op)][static_cast<std::size_t>(kind)];
+  };
+  at(vfs::Op::kOpen, vfs::ErrKind::kErofs) = 2;
+  at(vfs::Op::kCreate, vfs::ErrKind::kErofs) = 1;
+  at(vfs::Op::kWrite, vfs::ErrKind::kEnospc) = 4;
+  at(vfs::Op::kLookup, vfs::ErrKind::kEio) = 5;
+  s.vfs = v;
+  std::string metrics = MetricsText(s);
+  for (const char* line : {"fleetfs_fuse_errno_total{errno=\"EROFS\"} 3\n",
+                           "fleetfs_fuse_errno_total{errno=\"ENOSPC\"} 4\n",
+                           "fleetfs_fuse_errno_total{errno=\"EIO\"} 5\n",
+                           "fleetfs_fuse_errors_total{op=\"open\",errno=\"EROFS\"} 2\n",
+                           "fleetfs_fuse_errors_total{op=\"write\",errno=\"ENOSPC\"} 4\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line;
+  }
+  nlohmann::json errors = StatusJson(s)["backing_volume"]["errors"];
+  EXPECT_EQ(errors["EROFS"], 3);
+  EXPECT_EQ(errors["ENOSPC"], 4);
+  EXPECT_EQ(errors["EIO"], 5);
+}
+
+TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replica = "file:///r";
+  s.replication = replica::ReplicationStats{};
+  s.replication->capture_failures = 3;
+  s.replication->absent_listed = 17;
+  s.replication->segments = 9;
+  nlohmann::json rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["capture_failures"], 3);
+  EXPECT_EQ(rep["absent_listed"], 17);
+  EXPECT_EQ(rep["segments"], 9);
+  std::string metrics = MetricsText(s);
+  for (const char* line : {"fleetfs_replication_capture_failures_total 3\n",
+                           "fleetfs_replication_absent_listed_total 17\n",
+                           "fleetfs_replication_segments_total 9\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line;
+  }
+}
+
 TEST(StatusJson, bytes_that_are_not_utf8_anywhere_never_make_a_serializer_throw) {
   auto waiting = Range("100-199", RangeOutcome::kWaiting, false);
   waiting.status.holder = lease::Held{*SlotRange::Parse("100-199"), "host-\xff", 1000};

@@ -36,6 +36,7 @@ std::string_view ErrKindName(ErrKind kind) {
     case ErrKind::kEacces: return "EACCES";
     case ErrKind::kEio: return "EIO";
     case ErrKind::kEnospc: return "ENOSPC";
+    case ErrKind::kErofs: return "EROFS";
     case ErrKind::kOther: case ErrKind::kCount: break;
   }
   return "other";
@@ -50,6 +51,7 @@ ErrKind ErrKindOf(int err) {
     case EACCES: return ErrKind::kEacces;
     case EIO: return ErrKind::kEio;
     case ENOSPC: return ErrKind::kEnospc;
+    case EROFS: return ErrKind::kErofs;
     default: return ErrKind::kOther;
   }
 }

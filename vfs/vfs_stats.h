@@ -18,7 +18,11 @@ enum class Op {
 std::string_view OpName(Op op);
 
 // The errnos the contract names, and the rest.
-enum class ErrKind { kEnoent, kEremote, kEperm, kEstale, kEacces, kEio, kEnospc, kOther, kCount };
+// EIO, ENOSPC and EROFS from a backing call tell the agent the backing
+// volume fails (agent/backing_watch).
+enum class ErrKind {
+  kEnoent, kEremote, kEperm, kEstale, kEacces, kEio, kEnospc, kErofs, kOther, kCount
+};
 std::string_view ErrKindName(ErrKind kind);
 ErrKind ErrKindOf(int err);
 

@@ -329,6 +329,16 @@ class FleetFs::Impl final : public FencedFiles {
     if (it == open_by_ino_.end() || it->second.empty()) return ESTALE;
     return ::fstat((*it->second.begin())->fd.get(), st) == 0 ? 0 : errno;
   }
+  // The same for a change without a handle (SQLite, run as root, fchowns a
+  // journal it has open; the kernel sends that without a handle): a
+  // duplicate of an open handle's descriptor, or ESTALE when none is open.
+  int DupOpenHandle(fuse_ino_t ino, UniqueFd* out) const {
+    std::lock_guard lock(handles_mu_);
+    auto it = open_by_ino_.find(ino);
+    if (it == open_by_ino_.end() || it->second.empty()) return ESTALE;
+    *out = UniqueFd(::fcntl((*it->second.begin())->fd.get(), F_DUPFD_CLOEXEC, 0));
+    return out->valid() ? 0 : errno;
+  }
 
   MountOptions options_;
   ControlFiles control_;
@@ -725,7 +735,9 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
   // be the file the kernel knows.
   UniqueFd by_name;
   if (h == nullptr) {
-    if (int err = backing_.OpenFile(*inode, O_PATH, &by_name); err != 0) return err;
+    int err = backing_.OpenFile(*inode, O_PATH, &by_name);
+    if (err == ESTALE) err = DupOpenHandle(ino, &by_name);
+    if (err != 0) return err;
   }
   const int fd = h != nullptr ? h->fd.get() : by_name.get();
   std::string proc = ProcPath(fd);

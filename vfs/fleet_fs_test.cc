@@ -162,6 +162,23 @@ TEST_F(FleetFsTest, a_file_unlinked_while_open_still_answers_fstat) {
   EXPECT_EQ(fs_->stats().fenced.load(), 0u);
 }
 
+// SQLite run as root fchowns each journal it opens; the kernel sends that
+// without a handle, so it must reach the file through an open descriptor when
+// the name no longer does (the load test under ASan saw fenced setattrs).
+TEST_F(FleetFsTest, a_file_unlinked_while_open_still_takes_fchown_and_fchmod) {
+  std::string journal = Mounted("acme") + "-journal";
+  int fd = ::open(journal.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::unlink(journal.c_str()), 0) << std::strerror(errno);
+  EXPECT_EQ(::fchown(fd, 0, 0), 0) << std::strerror(errno);
+  EXPECT_EQ(::fchmod(fd, 0600), 0) << std::strerror(errno);
+  struct stat st;
+  ASSERT_EQ(::fstat(fd, &st), 0) << std::strerror(errno);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ::close(fd);
+  EXPECT_EQ(fs_->stats().fenced.load(), 0u);
+}
+
 TEST_F(FleetFsTest, a_withdrawn_range_is_forgotten_by_the_kernel_at_once) {
   int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
   ASSERT_GE(fd, 0);

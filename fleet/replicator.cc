@@ -1085,13 +1085,14 @@ bool Replicator::Impl::Flush(MonoTime deadline) {
       std::lock_guard lock(tenants_mu_);
       for (auto& [k, t] : tenants_) all.push_back(t);
     }
+    // Every tenant, served now or not: true means nothing captured is left
+    // unshipped anywhere. A tenant whose range is not served at this moment
+    // (a lapse, or a range lost) ships what its generation can still take,
+    // as the shipping loop does; what it cannot ship (a generation starts
+    // only while served) keeps the flush unclean, so a range that lapsed
+    // for a moment is not released, nor the agent ended, with commits left.
     bool clean = true;
-    for (auto& t : all) {
-      // A tenant of a range this host no longer serves can ship nothing; it
-      // does not hold back the release of the ranges it does serve.
-      if (o_.serving_epoch && !o_.serving_epoch(t->main().slot)) continue;
-      clean = Sync(*t) && clean;
-    }
+    for (auto& t : all) clean = Sync(*t) && clean;
     {
       std::lock_guard lock(tenants_mu_);
       clean = clean && tombstones_.empty();

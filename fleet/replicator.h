@@ -111,8 +111,9 @@ class Replicator final : public TenantHooks {
   // Restores in the background the tenants of [first, last] that the replica
   // holds and that are missing or stale here.
   void Warm(Slot first, Slot last, std::uint64_t epoch);
-  // Captures and ships everything now; true when nothing is left unshipped.
-  // Blocks until done or `deadline`.
+  // Captures and ships everything now; true when no tenant at all (served
+  // now or not) has commits left unshipped. Blocks until done or `deadline`
+  // (at least one pass).
   bool Flush(MonoTime deadline);
   // Seconds since the oldest commit not yet shipped in [first, last]; 0 when
   // everything is shipped.

@@ -449,6 +449,26 @@ TEST_F(ReplicatorTest, a_stale_file_that_appears_under_a_restore_is_checked_not_
   EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch);
 }
 
+// ---- F3: a flush is clean only when every commit shipped ----
+
+TEST_F(ReplicatorTest, a_flush_while_a_range_with_a_pending_commit_lapses_is_not_clean) {
+  Start(Options());
+  FleetFile k = Main("flush-at-lapse");
+  PutLocal(k, std::string(4096, 'P'), kEpoch);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
+  ASSERT_EQ(rep_->Stats().unshipped_tenants, 1u);
+  // The range is not served for the flush's one pass (its deadline is now).
+  served_ = 0;
+  EXPECT_FALSE(rep_->Flush(mono_.Now())) << "a flush skipped a lapsed range's pending commit";
+  EXPECT_EQ(rep_->Stats().snapshots, 0u);
+  // Served again: the commit ships and the flush is clean.
+  served_ = kEpoch;
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 1u);
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
+}
+
 // ---- item 11: what the agent's loop reads never waits on a tenant ----
 
 TEST_F(ReplicatorTest, stats_and_lag_answer_while_a_snapshot_holds_its_tenant) {

@@ -139,6 +139,7 @@ struct Counters {
   std::atomic<std::uint64_t> warm_queued{0};
   std::atomic<std::uint64_t> capture_failures{0};
   std::atomic<std::uint64_t> absent_listed{0};
+  std::atomic<std::uint64_t> prepares_refused{0};
 };
 
 }  // namespace
@@ -233,6 +234,11 @@ class Replicator::Impl {
   // served publishes or answers 0.
   std::map<std::pair<std::string, std::uint64_t>, std::shared_ptr<Flight>> flights_;
   std::deque<std::shared_ptr<Flight>> high_, low_;
+  // Flights of lookups (not warm), queued or running; at most
+  // o_.max_lookup_flights. `refusing_`: lookups are being refused (logged
+  // once, when it starts).
+  std::size_t lookup_flights_ = 0;
+  bool refusing_ = false;
   int low_running_ = 0;
   bool prep_stop_ = false;
   std::vector<std::thread> preparers_;
@@ -544,6 +550,7 @@ class Tenant final : public TenantWatch {
 // ---- start and stop ----
 
 Status Replicator::Impl::Start() {
+  o_.max_lookup_flights = std::max<std::size_t>(1, o_.max_lookup_flights);
   root_ = UniqueFd(::open(o_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root_.valid()) return ErrnoStatus("opening the backing directory " + o_.backing, errno);
   ::mkdirat(root_.get(), ".fleetfs", 0700);
@@ -612,6 +619,7 @@ void Replicator::Impl::Stop() {
     std::lock_guard lock(prep_mu_);
     for (auto& [k, f] : flights_) left.push_back(f);
     flights_.clear();
+    lookup_flights_ = 0;
   }
   for (auto& f : left) {
     for (auto& w : f->waiters) w(EIO);
@@ -1125,17 +1133,36 @@ void Replicator::Impl::Prepare(const FleetFile& main, std::uint64_t epoch,
     if (done) done(EIO);
     return;
   }
+  // A lookup that would add a flight beyond the bound is answered at once.
+  auto refuse = [&] {
+    const bool first = !refusing_;
+    refusing_ = true;
+    const std::size_t waiting = lookup_flights_;
+    lock.unlock();
+    ++counters_.prepares_refused;
+    if (first) {
+      spdlog::warn("replica: {} lookups wait for a prepare (the most at once); new ones are "
+                   "answered EAGAIN until some finish",
+                   waiting);
+    }
+    if (done) done(EAGAIN);
+  };
   auto it = flights_.find({main.main_path, epoch});
   if (it != flights_.end()) {
     auto& f = it->second;
-    if (done) f->waiters.push_back(std::move(done));
     if (!warm && f->warm && !f->started) {
-      f->warm = false;  // a lookup waits now: it goes first
+      // A lookup waits now: it goes first, as a lookup's flight.
+      if (lookup_flights_ >= o_.max_lookup_flights) return refuse();
+      f->warm = false;
+      ++lookup_flights_;
       high_.push_back(f);
       prep_cv_.notify_one();
     }
+    if (done) f->waiters.push_back(std::move(done));
     return;
   }
+  if (!warm && lookup_flights_ >= o_.max_lookup_flights) return refuse();
+  if (!warm) ++lookup_flights_;
   auto f = std::make_shared<Flight>();
   f->main = main;
   f->epoch = epoch;
@@ -1171,6 +1198,7 @@ void Replicator::Impl::PrepareLoop() {
     int err = RunPrepare(*f);
     lock.lock();
     if (from_low) --low_running_;
+    if (!f->warm && --lookup_flights_ < o_.max_lookup_flights) refusing_ = false;
     auto it = flights_.find({f->main.main_path, f->epoch});
     if (it != flights_.end() && it->second == f) flights_.erase(it);
     auto waiters = std::move(f->waiters);
@@ -1483,6 +1511,7 @@ ReplicationStats Replicator::Impl::Stats() const {
   s.warm_queued = counters_.warm_queued.load();
   s.capture_failures = counters_.capture_failures.load();
   s.absent_listed = counters_.absent_listed.load();
+  s.prepares_refused = counters_.prepares_refused.load();
   std::vector<double> lags;
   {
     std::lock_guard lock(stats_mu_);

@@ -69,6 +69,12 @@ struct ReplicatorOptions {
   int warm_parallel = 2;
   // Keys remembered as absent from the replica (least recently used go first).
   std::size_t absent_keys = 65536;
+  // Lookups' prepare flights at once (queued or running; warm-ups apart).
+  // Beyond it a lookup of another key is answered EAGAIN at once: never 0,
+  // whose "absent" could make an application create an empty database over
+  // a replica. Bounds the queue a flood of distinct absent names can build
+  // ahead of real first opens.
+  std::size_t max_lookup_flights = 4096;
   // The epoch this host serves `slot` at now, if it serves it; nullopt once
   // the local lease has ended (the agent answers from its refresher, which
   // reads the monotonic clock). Asked again right before a restore publishes.
@@ -91,6 +97,7 @@ struct ReplicationStats {
   std::uint64_t warm_queued = 0;
   std::uint64_t capture_failures = 0;  // captures that could not read; each forces a snapshot
   std::uint64_t absent_listed = 0;     // lookups of keys missing here that listed the replica
+  std::uint64_t prepares_refused = 0;  // lookups answered EAGAIN: too many flights at once
   std::size_t tenants = 0;
   std::size_t unshipped_tenants = 0;
   std::string failing;  // the last upload error while uploads fail; empty when they work

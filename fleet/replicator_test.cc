@@ -469,6 +469,43 @@ TEST_F(ReplicatorTest, a_flush_while_a_range_with_a_pending_commit_lapses_is_not
   EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
 }
 
+// ---- F4: lookups' flights are bounded ----
+
+TEST_F(ReplicatorTest, a_lookup_beyond_the_most_flights_at_once_is_answered_eagain_at_once) {
+  ReplicatorOptions o = Options();
+  o.prepare_threads = 1;
+  o.max_lookup_flights = 4;
+  Start(std::move(o));
+  // The first flight is held in its listing; three more wait behind it.
+  std::vector<FleetFile> keys;
+  for (int i = 0; i < 4; ++i) keys.push_back(Main("flood-" + std::to_string(i)));
+  dest_->HoldNextList(KeyDir(keys[0]));
+  std::vector<std::future<int>> answers;
+  answers.push_back(PrepareAsync(*rep_, keys[0], kEpoch));
+  ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
+  for (int i = 1; i < 4; ++i) answers.push_back(PrepareAsync(*rep_, keys[i], kEpoch));
+  // Another key would be a fifth flight: EAGAIN, now, never 0.
+  FleetFile extra = Main("flood-extra");
+  auto refused = PrepareAsync(*rep_, extra, kEpoch);
+  const bool answered = refused.wait_for(seconds(5)) == std::future_status::ready;
+  // A lookup of a key already in flight joins it.
+  answers.push_back(PrepareAsync(*rep_, keys[2], kEpoch));
+  const bool joined_waits = answers.back().wait_for(milliseconds(0)) == std::future_status::timeout;
+  dest_->ReleaseList();
+  ASSERT_TRUE(answered) << "a lookup beyond the bound was queued";
+  EXPECT_EQ(refused.get(), EAGAIN);
+  EXPECT_TRUE(joined_waits) << "a lookup of a key in flight was refused";
+  for (auto& a : answers) {
+    ASSERT_EQ(a.wait_for(seconds(20)), std::future_status::ready);
+    EXPECT_EQ(a.get(), 0);
+  }
+  EXPECT_EQ(rep_->Stats().prepares_refused, 1u);
+  EXPECT_EQ(dest_->lists(KeyDir(extra)), 0);
+  // The flights ended: the refused key is prepared now.
+  EXPECT_EQ(PrepareAndWait(extra, kEpoch), 0);
+  EXPECT_EQ(dest_->lists(KeyDir(extra)), 1);
+}
+
 // ---- item 11: what the agent's loop reads never waits on a tenant ----
 
 TEST_F(ReplicatorTest, stats_and_lag_answer_while_a_snapshot_holds_its_tenant) {

@@ -35,6 +35,11 @@ constexpr std::string_view kSpoolDir = ".fleetfs/spool";
 constexpr std::uint64_t kMaxCapturedBytes = 256ull << 20;
 constexpr std::size_t kLagSamples = 4096;
 constexpr std::uint8_t kJournalMagic[8] = {0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7};
+// Internal to the prepare path (never an answer): a restore found the file
+// made meanwhile, so the file there is checked again as any file found here.
+constexpr int kRaced = -1;
+// Attempts of one prepare when files keep appearing under its restores.
+constexpr int kPrepareAttempts = 3;
 
 std::uint32_t Be32(const void* p) {
   const auto* b = static_cast<const std::uint8_t*>(p);
@@ -134,6 +139,7 @@ struct Counters {
   std::atomic<std::uint64_t> warm_queued{0};
   std::atomic<std::uint64_t> capture_failures{0};
   std::atomic<std::uint64_t> absent_listed{0};
+  std::atomic<std::uint64_t> prepares_refused{0};
 };
 
 }  // namespace
@@ -188,11 +194,17 @@ class Replicator::Impl {
   Result<UniqueFd> TakeSnapshot(Tenant& t, std::vector<Txn>* before);
   void UploadTombstones();
   void PrepareLoop();
+  // Prepares the flight's file; 0 only while its epoch is still served.
   int RunPrepare(const Flight& f);
+  // One attempt of RunPrepare; kRaced when a file appeared under a restore.
+  int PrepareFile(const Flight& f);
   int RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace);
   // True while this host serves `main`'s slot at `epoch` (always, when the
   // agent wired no serving_epoch).
   bool StillServed(const FleetFile& main, std::uint64_t epoch) const;
+  // Logs that `main`'s prepare at `epoch` ends unanswered because the epoch
+  // is no longer served, and returns the errno the lookup gets.
+  int NotServed(const FleetFile& main, std::uint64_t epoch, std::string_view what) const;
   void ResetTenant(const FleetFile& main);
   void RecordFailure(const Status& st);
   void RecordSuccess();
@@ -216,8 +228,17 @@ class Replicator::Impl {
 
   std::mutex prep_mu_;  // guards the flights and queues; taken alone
   std::condition_variable prep_cv_;
-  std::unordered_map<std::string, std::shared_ptr<Flight>> flights_;
+  // Key: (main path, epoch). A prepare answers for its epoch only: one at a
+  // newer epoch never joins a flight of an older one (which may have lapsed
+  // meanwhile); the two may run at once, and only the one whose epoch is
+  // served publishes or answers 0.
+  std::map<std::pair<std::string, std::uint64_t>, std::shared_ptr<Flight>> flights_;
   std::deque<std::shared_ptr<Flight>> high_, low_;
+  // Flights of lookups (not warm), queued or running; at most
+  // o_.max_lookup_flights. `refusing_`: lookups are being refused (logged
+  // once, when it starts).
+  std::size_t lookup_flights_ = 0;
+  bool refusing_ = false;
   int low_running_ = 0;
   bool prep_stop_ = false;
   std::vector<std::thread> preparers_;
@@ -529,6 +550,7 @@ class Tenant final : public TenantWatch {
 // ---- start and stop ----
 
 Status Replicator::Impl::Start() {
+  o_.max_lookup_flights = std::max<std::size_t>(1, o_.max_lookup_flights);
   root_ = UniqueFd(::open(o_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root_.valid()) return ErrnoStatus("opening the backing directory " + o_.backing, errno);
   ::mkdirat(root_.get(), ".fleetfs", 0700);
@@ -597,6 +619,7 @@ void Replicator::Impl::Stop() {
     std::lock_guard lock(prep_mu_);
     for (auto& [k, f] : flights_) left.push_back(f);
     flights_.clear();
+    lookup_flights_ = 0;
   }
   for (auto& f : left) {
     for (auto& w : f->waiters) w(EIO);
@@ -1070,13 +1093,14 @@ bool Replicator::Impl::Flush(MonoTime deadline) {
       std::lock_guard lock(tenants_mu_);
       for (auto& [k, t] : tenants_) all.push_back(t);
     }
+    // Every tenant, served now or not: true means nothing captured is left
+    // unshipped anywhere. A tenant whose range is not served at this moment
+    // (a lapse, or a range lost) ships what its generation can still take,
+    // as the shipping loop does; what it cannot ship (a generation starts
+    // only while served) keeps the flush unclean, so a range that lapsed
+    // for a moment is not released, nor the agent ended, with commits left.
     bool clean = true;
-    for (auto& t : all) {
-      // A tenant of a range this host no longer serves can ship nothing; it
-      // does not hold back the release of the ranges it does serve.
-      if (o_.serving_epoch && !o_.serving_epoch(t->main().slot)) continue;
-      clean = Sync(*t) && clean;
-    }
+    for (auto& t : all) clean = Sync(*t) && clean;
     {
       std::lock_guard lock(tenants_mu_);
       clean = clean && tombstones_.empty();
@@ -1094,10 +1118,11 @@ void Replicator::Impl::Prepare(const FleetFile& main, std::uint64_t epoch,
   if (!warm && absent_.Contains(main.main_path, epoch)) {
     // Known absent at this epoch, and still not here (a local check on the
     // caller's thread): answered without a job, so repeated lookups of
-    // absent names never queue ahead of a real first open.
+    // absent names never queue ahead of a real first open. Only while the
+    // epoch is served: the absence is true for that epoch only.
     struct stat st;
     if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
-        errno == ENOENT) {
+        errno == ENOENT && StillServed(main, epoch)) {
       if (done) done(0);
       return;
     }
@@ -1108,23 +1133,42 @@ void Replicator::Impl::Prepare(const FleetFile& main, std::uint64_t epoch,
     if (done) done(EIO);
     return;
   }
-  auto it = flights_.find(main.main_path);
+  // A lookup that would add a flight beyond the bound is answered at once.
+  auto refuse = [&] {
+    const bool first = !refusing_;
+    refusing_ = true;
+    const std::size_t waiting = lookup_flights_;
+    lock.unlock();
+    ++counters_.prepares_refused;
+    if (first) {
+      spdlog::warn("replica: {} lookups wait for a prepare (the most at once); new ones are "
+                   "answered EAGAIN until some finish",
+                   waiting);
+    }
+    if (done) done(EAGAIN);
+  };
+  auto it = flights_.find({main.main_path, epoch});
   if (it != flights_.end()) {
     auto& f = it->second;
-    if (done) f->waiters.push_back(std::move(done));
     if (!warm && f->warm && !f->started) {
-      f->warm = false;  // a lookup waits now: it goes first
+      // A lookup waits now: it goes first, as a lookup's flight.
+      if (lookup_flights_ >= o_.max_lookup_flights) return refuse();
+      f->warm = false;
+      ++lookup_flights_;
       high_.push_back(f);
       prep_cv_.notify_one();
     }
+    if (done) f->waiters.push_back(std::move(done));
     return;
   }
+  if (!warm && lookup_flights_ >= o_.max_lookup_flights) return refuse();
+  if (!warm) ++lookup_flights_;
   auto f = std::make_shared<Flight>();
   f->main = main;
   f->epoch = epoch;
   f->warm = warm;
   if (done) f->waiters.push_back(std::move(done));
-  flights_.emplace(main.main_path, f);
+  flights_.emplace(std::make_pair(main.main_path, epoch), f);
   (warm ? low_ : high_).push_back(f);
   prep_cv_.notify_one();
 }
@@ -1154,7 +1198,8 @@ void Replicator::Impl::PrepareLoop() {
     int err = RunPrepare(*f);
     lock.lock();
     if (from_low) --low_running_;
-    auto it = flights_.find(f->main.main_path);
+    if (!f->warm && --lookup_flights_ < o_.max_lookup_flights) refusing_ = false;
+    auto it = flights_.find({f->main.main_path, f->epoch});
     if (it != flights_.end() && it->second == f) flights_.erase(it);
     auto waiters = std::move(f->waiters);
     lock.unlock();
@@ -1165,8 +1210,31 @@ void Replicator::Impl::PrepareLoop() {
 }
 
 int Replicator::Impl::RunPrepare(const Flight& f) {
+  if (f.warm && !o_.serving_epoch) return 0;
+  if (f.warm && o_.serving_epoch(f.main.slot) != f.epoch) {
+    // A warm-up of an epoch no longer served does nothing (quietly: a whole
+    // range's may end so); a lookup that joined it after it started is not
+    // told its file is ready.
+    return ENOENT;
+  }
+  int err = kRaced;
+  for (int attempt = 0; attempt < kPrepareAttempts && err == kRaced; ++attempt) {
+    err = PrepareFile(f);
+  }
+  if (err == kRaced) {
+    spdlog::error("replica: {} kept appearing while it was restored; the lookup gets an error",
+                  f.main.main_path);
+    return EIO;
+  }
+  // Every answer 0 says "ready at this epoch", which is true only while the
+  // epoch is served: a flight of an older epoch that outlived it (a lookup at
+  // the new epoch is its own flight) answers an error instead.
+  if (err == 0 && !StillServed(f.main, f.epoch)) return NotServed(f.main, f.epoch, "prepare");
+  return err;
+}
+
+int Replicator::Impl::PrepareFile(const Flight& f) {
   const FleetFile& main = f.main;
-  if (f.warm && (!o_.serving_epoch || o_.serving_epoch(main.slot) != f.epoch)) return 0;
   {
     std::lock_guard lock(tenants_mu_);
     if (deleted_.count(main.main_path) > 0) return 0;  // deleted here: not brought back
@@ -1186,6 +1254,9 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
       return EIO;
     }
     if (gens->empty()) {
+      // Remembered for an epoch still served only: an entry says nothing
+      // about another epoch, and could push out one that does.
+      if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "absent key");
       absent_.Remember(main.main_path, f.epoch);
       return 0;
     }
@@ -1200,7 +1271,7 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
     return EIO;
   }
   std::uint64_t stamp = ReadEpochStamp(file.get()).value_or(0);
-  if (stamp >= f.epoch) return 0;
+  if (stamp >= f.epoch) return 0;  // RunPrepare answers 0 only while f.epoch is served
   auto newest = NewestEpoch(*o_.destination, KeyDir(main));
   if (!newest.ok()) {
     spdlog::error("replica: cannot tell whether {} is stale: {}", main.main_path,
@@ -1215,6 +1286,10 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
     if (err == 0) ++counters_.stale_replaced;
     return err;
   }
+  // The stamp is raised only while its epoch is served, and never lowered (a
+  // flight of a newer epoch may have raised it meanwhile).
+  if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "epoch stamp");
+  if (ReadEpochStamp(file.get()).value_or(0) >= f.epoch) return 0;
   if (Status stamped = WriteStamps(file.get(), f.epoch, main.key, main.main_path); !stamped.ok()) {
     spdlog::warn("replica: {}", stamped.message());
   }
@@ -1223,6 +1298,14 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
 
 bool Replicator::Impl::StillServed(const FleetFile& main, std::uint64_t epoch) const {
   return !o_.serving_epoch || o_.serving_epoch(main.slot) == epoch;
+}
+
+int Replicator::Impl::NotServed(const FleetFile& main, std::uint64_t epoch,
+                                std::string_view what) const {
+  spdlog::warn("replica: {} of {} at epoch {} ended after the epoch stopped being served; the "
+               "lookup gets an error",
+               what, main.main_path, epoch);
+  return ENOENT;  // as a restore that lapsed answers
 }
 
 // The restore is built in an unnamed file in the spool directory, so nothing
@@ -1261,6 +1344,7 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     return ENOENT;
   };
   if (outcome->result != RestoreResult::kRestored) {
+    if (!StillServed(main, epoch)) return lapsed();
     if (!replace) {
       absent_.Remember(main.main_path, epoch);  // nothing to restore at this epoch
     } else if (outcome->result == RestoreResult::kDeleted) {
@@ -1294,7 +1378,9 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   const std::string name = main.main_path.substr(4);
   if (::linkat(AT_FDCWD, proc.c_str(), dir->get(), name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
     int err = errno;
-    if (err == EEXIST) return 0;  // made meanwhile: that file wins
+    // Made meanwhile (a create, or the restore of another epoch's flight):
+    // that file wins, and is checked as any file found here.
+    if (err == EEXIST) return kRaced;
     spdlog::error("replica: publishing the restored {}: {}", main.main_path, std::strerror(err));
     return EIO;
   }
@@ -1425,6 +1511,7 @@ ReplicationStats Replicator::Impl::Stats() const {
   s.warm_queued = counters_.warm_queued.load();
   s.capture_failures = counters_.capture_failures.load();
   s.absent_listed = counters_.absent_listed.load();
+  s.prepares_refused = counters_.prepares_refused.load();
   std::vector<double> lags;
   {
     std::lock_guard lock(stats_mu_);

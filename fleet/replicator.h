@@ -20,7 +20,9 @@
 // writes that would change it wait; the upload happens after.
 //
 // Prepare. Lookups of main files are prepared on worker threads, one flight
-// per key however many lookups wait; a warm-up after a claim restores a
+// per key and epoch however many lookups wait (a lookup at a newer epoch
+// never joins an older epoch's flight, and a flight answers 0, raises a stamp
+// or publishes a restore only while its epoch is served); a warm-up after a claim restores a
 // range's tenants in the background a few at a time, behind lookups. A key
 // missing here costs one listing of the replica and creates nothing unless
 // there is something to restore; its absence is remembered for the epoch (at
@@ -67,6 +69,12 @@ struct ReplicatorOptions {
   int warm_parallel = 2;
   // Keys remembered as absent from the replica (least recently used go first).
   std::size_t absent_keys = 65536;
+  // Lookups' prepare flights at once (queued or running; warm-ups apart).
+  // Beyond it a lookup of another key is answered EAGAIN at once: never 0,
+  // whose "absent" could make an application create an empty database over
+  // a replica. Bounds the queue a flood of distinct absent names can build
+  // ahead of real first opens.
+  std::size_t max_lookup_flights = 4096;
   // The epoch this host serves `slot` at now, if it serves it; nullopt once
   // the local lease has ended (the agent answers from its refresher, which
   // reads the monotonic clock). Asked again right before a restore publishes.
@@ -89,6 +97,7 @@ struct ReplicationStats {
   std::uint64_t warm_queued = 0;
   std::uint64_t capture_failures = 0;  // captures that could not read; each forces a snapshot
   std::uint64_t absent_listed = 0;     // lookups of keys missing here that listed the replica
+  std::uint64_t prepares_refused = 0;  // lookups answered EAGAIN: too many flights at once
   std::size_t tenants = 0;
   std::size_t unshipped_tenants = 0;
   std::string failing;  // the last upload error while uploads fail; empty when they work
@@ -109,8 +118,9 @@ class Replicator final : public TenantHooks {
   // Restores in the background the tenants of [first, last] that the replica
   // holds and that are missing or stale here.
   void Warm(Slot first, Slot last, std::uint64_t epoch);
-  // Captures and ships everything now; true when nothing is left unshipped.
-  // Blocks until done or `deadline`.
+  // Captures and ships everything now; true when no tenant at all (served
+  // now or not) has commits left unshipped. Blocks until done or `deadline`
+  // (at least one pass).
   bool Flush(MonoTime deadline);
   // Seconds since the oldest commit not yet shipped in [first, last]; 0 when
   // everything is shipped.

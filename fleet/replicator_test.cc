@@ -17,6 +17,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -42,8 +43,14 @@ class ProbeDestination final : public Destination {
   const std::string& url() const override { return inner_->url(); }
   Result<std::vector<std::string>> List(std::string_view dir) override {
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
       ++lists_[std::string(dir)];
+      if (hold_list_ && *hold_list_ == dir) {
+        hold_list_.reset();  // the first listing only
+        list_held_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !list_held_; });
+      }
     }
     return inner_->List(dir);
   }
@@ -91,6 +98,20 @@ class ProbeDestination final : public Destination {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, limit, [&] { return puts_held_ > 0; });
   }
+  // The next listing of `dir` waits until ReleaseList().
+  void HoldNextList(const std::string& dir) {
+    std::lock_guard lock(mu_);
+    hold_list_ = dir;
+  }
+  bool WaitListHeld(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return list_held_; });
+  }
+  void ReleaseList() {
+    std::lock_guard lock(mu_);
+    list_held_ = false;
+    cv_.notify_all();
+  }
   bool IsGetter() {
     std::lock_guard lock(mu_);
     return getter_ == std::this_thread::get_id();
@@ -103,6 +124,8 @@ class ProbeDestination final : public Destination {
   std::map<std::string, int> lists_;
   bool hold_puts_ = false;
   int puts_held_ = 0;
+  std::optional<std::string> hold_list_;
+  bool list_held_ = false;
   std::thread::id getter_;
 };
 
@@ -354,6 +377,133 @@ TEST_F(ReplicatorTest, a_restore_published_as_its_epoch_ends_answers_the_lookup_
   EXPECT_NE(PrepareAndWait(k, kEpoch), 0);
   // It stays: the mount hides the range.
   EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R'));
+}
+
+// ---- F2: a prepare answers for its own epoch only ----
+
+// Prepare without waiting: the answer arrives on the future.
+std::future<int> PrepareAsync(Replicator& rep, const FleetFile& main, std::uint64_t epoch) {
+  auto answer = std::make_shared<std::promise<int>>();
+  auto result = answer->get_future();
+  rep.Prepare(main, epoch, [answer](int err) { answer->set_value(err); });
+  return result;
+}
+
+TEST_F(ReplicatorTest, a_prepare_at_a_newer_epoch_never_joins_a_running_flight_of_an_older_one) {
+  Start(Options());
+  FleetFile k = Main("two-epochs");
+  // The flight at kEpoch lists the replica and is held there.
+  dest_->HoldNextList(KeyDir(k));
+  auto older = PrepareAsync(*rep_, k, kEpoch);
+  ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
+  // The range lapses and comes back at a newer epoch.
+  served_ = kEpoch + 2;
+  auto newer = PrepareAsync(*rep_, k, kEpoch + 2);
+  const bool newer_answered = newer.wait_for(seconds(10)) == std::future_status::ready;
+  dest_->ReleaseList();
+  ASSERT_TRUE(newer_answered) << "the prepare at the newer epoch waited for the older flight";
+  EXPECT_EQ(newer.get(), 0);
+  EXPECT_EQ(dest_->lists(KeyDir(k)), 2) << "the newer epoch did not list the replica itself";
+  ASSERT_EQ(older.wait_for(seconds(20)), std::future_status::ready);
+  EXPECT_NE(older.get(), 0) << "a flight answered 0 for an epoch no longer served";
+}
+
+TEST_F(ReplicatorTest, a_prepare_of_an_epoch_no_longer_served_never_answers_0_nor_raises_a_stamp) {
+  Start(Options());
+  served_ = kEpoch + 2;  // the prepares below are of kEpoch, which lapsed
+  // Stamped at the epoch or later: nothing to do, but not "ready at kEpoch".
+  FleetFile current = Main("stamped-current");
+  PutLocal(current, std::string(4096, 'C'), kEpoch + 2);
+  EXPECT_NE(PrepareAndWait(current, kEpoch), 0) << "stamp >= epoch answered 0";
+  // Older stamp, nothing newer in the replica: the stamp is not raised.
+  FleetFile older = Main("stamped-older");
+  PutLocal(older, std::string(4096, 'O'), 1);
+  EXPECT_NE(PrepareAndWait(older, kEpoch), 0) << "a stamp raise answered 0";
+  UniqueFd fd(::open(Backing(older).c_str(), O_RDONLY | O_CLOEXEC));
+  EXPECT_EQ(ReadEpochStamp(fd.get()), 1u) << "a stamp was raised for an epoch no longer served";
+  // Missing here and in the replica: not "rightly absent at kEpoch".
+  FleetFile absent = Main("absent-lapsed");
+  EXPECT_NE(PrepareAndWait(absent, kEpoch), 0) << "no generations answered 0";
+  // And at the epoch served, every one of them answers 0.
+  EXPECT_EQ(PrepareAndWait(current, kEpoch + 2), 0);
+  EXPECT_EQ(PrepareAndWait(older, kEpoch + 2), 0);
+  EXPECT_EQ(PrepareAndWait(absent, kEpoch + 2), 0);
+  EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch + 2);
+}
+
+TEST_F(ReplicatorTest, a_stale_file_that_appears_under_a_restore_is_checked_not_exposed) {
+  Start(Options());
+  FleetFile k = Main("appears-under-restore");
+  PutGeneration(k, 3, std::string(8192, 'R'));  // another owner's, at epoch 3
+  // Missing here: the prepare lists the replica, held there while a stale
+  // copy (as an older epoch's late restore would leave) appears.
+  dest_->HoldNextList(KeyDir(k));
+  auto answer = PrepareAsync(*rep_, k, kEpoch);
+  ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
+  PutLocal(k, std::string(8192, 'L'), 1);
+  dest_->ReleaseList();
+  ASSERT_EQ(answer.wait_for(seconds(20)), std::future_status::ready);
+  EXPECT_EQ(answer.get(), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R')) << "the stale copy was exposed";
+  UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+  EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch);
+}
+
+// ---- F3: a flush is clean only when every commit shipped ----
+
+TEST_F(ReplicatorTest, a_flush_while_a_range_with_a_pending_commit_lapses_is_not_clean) {
+  Start(Options());
+  FleetFile k = Main("flush-at-lapse");
+  PutLocal(k, std::string(4096, 'P'), kEpoch);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
+  ASSERT_EQ(rep_->Stats().unshipped_tenants, 1u);
+  // The range is not served for the flush's one pass (its deadline is now).
+  served_ = 0;
+  EXPECT_FALSE(rep_->Flush(mono_.Now())) << "a flush skipped a lapsed range's pending commit";
+  EXPECT_EQ(rep_->Stats().snapshots, 0u);
+  // Served again: the commit ships and the flush is clean.
+  served_ = kEpoch;
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 1u);
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
+}
+
+// ---- F4: lookups' flights are bounded ----
+
+TEST_F(ReplicatorTest, a_lookup_beyond_the_most_flights_at_once_is_answered_eagain_at_once) {
+  ReplicatorOptions o = Options();
+  o.prepare_threads = 1;
+  o.max_lookup_flights = 4;
+  Start(std::move(o));
+  // The first flight is held in its listing; three more wait behind it.
+  std::vector<FleetFile> keys;
+  for (int i = 0; i < 4; ++i) keys.push_back(Main("flood-" + std::to_string(i)));
+  dest_->HoldNextList(KeyDir(keys[0]));
+  std::vector<std::future<int>> answers;
+  answers.push_back(PrepareAsync(*rep_, keys[0], kEpoch));
+  ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
+  for (int i = 1; i < 4; ++i) answers.push_back(PrepareAsync(*rep_, keys[i], kEpoch));
+  // Another key would be a fifth flight: EAGAIN, now, never 0.
+  FleetFile extra = Main("flood-extra");
+  auto refused = PrepareAsync(*rep_, extra, kEpoch);
+  const bool answered = refused.wait_for(seconds(5)) == std::future_status::ready;
+  // A lookup of a key already in flight joins it.
+  answers.push_back(PrepareAsync(*rep_, keys[2], kEpoch));
+  const bool joined_waits = answers.back().wait_for(milliseconds(0)) == std::future_status::timeout;
+  dest_->ReleaseList();
+  ASSERT_TRUE(answered) << "a lookup beyond the bound was queued";
+  EXPECT_EQ(refused.get(), EAGAIN);
+  EXPECT_TRUE(joined_waits) << "a lookup of a key in flight was refused";
+  for (auto& a : answers) {
+    ASSERT_EQ(a.wait_for(seconds(20)), std::future_status::ready);
+    EXPECT_EQ(a.get(), 0);
+  }
+  EXPECT_EQ(rep_->Stats().prepares_refused, 1u);
+  EXPECT_EQ(dest_->lists(KeyDir(extra)), 0);
+  // The flights ended: the refused key is prepared now.
+  EXPECT_EQ(PrepareAndWait(extra, kEpoch), 0);
+  EXPECT_EQ(dest_->lists(KeyDir(extra)), 1);
 }
 
 // ---- item 11: what the agent's loop reads never waits on a tenant ----

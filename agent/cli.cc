@@ -21,6 +21,7 @@
 #include "fleet/layout.h"
 #include "fleet/slot.h"
 #include "lease/lease_ttl.h"
+#include "lease/owner_id.h"
 #include "lease/store_url.h"
 
 namespace fleetfs::agent {
@@ -42,20 +43,7 @@ std::string Dump(const Json& json) {
   return json.dump(2, ' ', false, Json::error_handler_t::replace);
 }
 
-// A key as a terminal shows it: printable ASCII as is, other bytes as \xNN.
-std::string Printable(std::string_view text) {
-  std::string shown;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      shown += static_cast<char>(c);
-    } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
-      shown += escaped;
-    }
-  }
-  return shown;
-}
+using lease::Printable;  // a key as a terminal shows it: other bytes as \xNN
 
 // Left-aligned columns separated by two spaces.
 void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {

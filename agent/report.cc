@@ -95,6 +95,9 @@ constexpr ReplicationCounter kReplicationCounters[] = {
      &RS::capture_failures},
     {"absent_listed", "fleetfs_replication_absent_listed_total",
      "Lookups of keys missing here that listed the replica.", &RS::absent_listed},
+    {"prepares_refused", "fleetfs_replication_prepares_refused_total",
+     "Lookups answered EAGAIN because too many restores were already waiting.",
+     &RS::prepares_refused},
 };
 
 // The errnos that tell of a failing backing volume, counted over every op.

@@ -169,13 +169,16 @@ TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
   s.replication = replica::ReplicationStats{};
   s.replication->capture_failures = 3;
   s.replication->absent_listed = 17;
+  s.replication->prepares_refused = 5;
   s.replication->segments = 9;
   nlohmann::json rep = StatusJson(s)["replication"];
   EXPECT_EQ(rep["capture_failures"], 3);
   EXPECT_EQ(rep["absent_listed"], 17);
+  EXPECT_EQ(rep["prepares_refused"], 5);
   EXPECT_EQ(rep["segments"], 9);
   std::string metrics = MetricsText(s);
   for (const char* line : {"fleetfs_replication_capture_failures_total 3\n",
+                           "fleetfs_replication_prepares_refused_total 5\n",
                            "fleetfs_replication_absent_listed_total 17\n",
                            "fleetfs_replication_segments_total 9\n"}) {
     EXPECT_NE(metrics.find(line), std::string::npos) << line;

@@ -1001,16 +1001,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
     // as the kernel would, against the file found, before opening it.
     if (::fstatat(bfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno;
     if (!S_ISREG(st.st_mode)) return backing_.NotAFleetFile(bucket, name, st);
-    Caller caller{ctx->uid, ctx->gid, {}};
-    gid_t groups[64];
-    int n = fuse_req_getgroups(req, 64, groups);
-    if (n > 64) {
-      caller.groups.resize(static_cast<std::size_t>(n));
-      n = fuse_req_getgroups(req, n, caller.groups.data());
-      caller.groups.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-    } else if (n > 0) {
-      caller.groups.assign(groups, groups + n);
-    }
+    Caller caller{ctx->uid, ctx->gid, SupplementaryGroups(ctx->pid)};
     if (!MayAccess(st, caller, AccessWanted(fi->flags))) return EACCES;
     fd = UniqueFd(::openat(bfd, name, flags));
     if (!fd.valid()) return errno == ELOOP ? backing_.NotAFleetFile(bucket, name, st) : errno;

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <string_view>
 #include <vector>
 
 namespace fleetfs::vfs {
@@ -27,5 +28,14 @@ int AccessWanted(int flags);
 // Whether `caller` may have `wanted` (R_OK|W_OK|X_OK bits) on a file with
 // owner, group and mode `st`.
 bool MayAccess(const struct stat& st, const Caller& caller, int wanted);
+
+// The supplementary groups on the "Groups:" line of a /proc/PID/status text
+// (empty when there is none). Pure.
+std::vector<gid_t> ParseStatusGroups(std::string_view status);
+// The supplementary groups of process (or thread) `pid`, read from
+// /proc/PID/status; empty when it cannot be read. libfuse's
+// fuse_req_getgroups is not used: in 3.14 it runs strstr over a buffer it
+// never terminates (AddressSanitizer saw the overread).
+std::vector<gid_t> SupplementaryGroups(pid_t pid);
 
 }  // namespace fleetfs::vfs

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <vector>
+
 namespace fleetfs::vfs {
 namespace {
 
@@ -41,6 +43,22 @@ TEST(Permission, the_owner_class_decides_even_when_other_bits_would_allow_more) 
 TEST(Permission, a_supplementary_group_counts_as_the_group) {
   EXPECT_TRUE(MayAccess(File(0, 50, 0660), Caller{1000, 100, {7, 50}}, R_OK | W_OK));
   EXPECT_FALSE(MayAccess(File(0, 50, 0660), Caller{1000, 100, {7}}, R_OK));
+}
+
+TEST(Permission, supplementary_groups_are_read_from_the_status_groups_line) {
+  EXPECT_EQ(ParseStatusGroups("Name:\tx\nGroups:\t4 24 27 \nNgid:\t0\n"),
+            (std::vector<gid_t>{4, 24, 27}));
+  EXPECT_EQ(ParseStatusGroups("Name:\tx\nGroups:\t\nNgid:\t0\n"), std::vector<gid_t>{});
+  EXPECT_EQ(ParseStatusGroups("Name:\tx\n"), std::vector<gid_t>{});
+  // Not terminated: the text ends on the line (what libfuse's reader overran).
+  EXPECT_EQ(ParseStatusGroups("Name:\tx\nGroups:\t5 6"), (std::vector<gid_t>{5, 6}));
+}
+
+TEST(Permission, this_process_has_the_groups_the_kernel_says) {
+  gid_t groups[256];
+  int n = ::getgroups(256, groups);
+  ASSERT_GE(n, 0);
+  EXPECT_EQ(SupplementaryGroups(::getpid()), std::vector<gid_t>(groups, groups + n));
 }
 
 }  // namespace

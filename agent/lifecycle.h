@@ -177,7 +177,6 @@ class Lifecycle {
   StopStep stop_step_ = StopStep::kNone;
   bool stand_by_after_stop_ = false;  // a backing failure: kFailed instead of kStopped
   bool all_shipped_ = false;
-  bool lapsing_ = false;               // the release decision was to lapse
   std::size_t held_at_decision_ = 0;
   std::size_t releases_sent_ = 0;
   std::string lapse_reason_;

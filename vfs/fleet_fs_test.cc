@@ -768,7 +768,8 @@ TEST_F(FleetFsHooksTest, one_user_has_at_most_32_deferred_lookups_and_the_rest_a
   // the cause is not yet found). The bound itself is checked by the plain
   // build of this test in the same suite; the stall is an open question of
   // issue 9, written in its note.
-  GTEST_SKIP() << "lookups stall under AddressSanitizer; the plain build checks this";
+  GTEST_SKIP() << "under AddressSanitizer 100 concurrent lookups stall until held ones are "
+                  "released (cause open, issue 9 note); the plain build runs this check";
 #endif
   constexpr int kFlood = 100;
   std::atomic<int> eagain{0}, enoent{0}, other{0};

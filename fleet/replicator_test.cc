@@ -68,6 +68,12 @@ class ProbeDestination final : public Destination {
     }
     return inner_->PutFile(path, fd);
   }
+  Status Create(std::string_view path, std::string_view bytes) override {
+    return inner_->Create(path, bytes);
+  }
+  Status CreateFromFile(std::string_view path, int fd) override {
+    return inner_->CreateFromFile(path, fd);
+  }
   Status Get(std::string_view path, const Sink& sink) override {
     Status st = inner_->Get(path, sink);
     std::lock_guard lock(mu_);

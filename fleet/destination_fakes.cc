@@ -273,8 +273,6 @@ HangingDestination::HangingDestination(std::shared_ptr<Destination> inner,
                                        std::chrono::milliseconds give_up)
     : inner_(std::move(inner)), give_up_(give_up) {}
 
-HangingDestination::~HangingDestination() { Release(); }
-
 void HangingDestination::Hang(std::optional<Request> kind) {
   std::lock_guard lock(mu_);
   hanging_ = true;

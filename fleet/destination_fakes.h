@@ -146,9 +146,8 @@ class HangingDestination final : public Destination {
   explicit HangingDestination(
       std::shared_ptr<Destination> inner = std::make_shared<MemoryDestination>(),
       std::chrono::milliseconds give_up = std::chrono::seconds(60));
-  // Releases every held call: a test's teardown must let its callers go
-  // before the destination goes.
-  ~HangingDestination() override;
+  // Like any destination, it must outlive its callers: a test releases the
+  // held calls (or lets `give_up` pass) and joins them before it goes.
 
   // From now, calls of `kind` (nullopt: every kind) block until Release().
   void Hang(std::optional<Request> kind = std::nullopt);

@@ -1,6 +1,9 @@
 // Where replicas go: a store of named objects under '/'-separated paths, with
 // atomic writes (a reader sees the whole object or none). `file://DIR` is the
-// one built here: a directory that several hosts may share. The interface is
+// one built here: a directory that several hosts may share, where a write
+// goes to a temporary file (an O_TMPFILE where the file system has them),
+// is synced, renamed (put) or linked (create) into place, and the directory
+// synced. The interface is
 // what an S3-compatible store also offers: list one level (optionally after a
 // name, S3's start-after), put, create only if absent (S3's
 // `If-None-Match: *`), get as a stream, remove.

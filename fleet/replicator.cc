@@ -185,6 +185,8 @@ class Replicator::Impl {
   std::shared_ptr<Tenant> TenantFor(const FleetFile& main, bool create);
   void UploadLoop();
   void SyncAll();
+  // One round of shipping; true when nothing is left unshipped.
+  bool Round();
   // One round for one tenant; true when it has nothing left to ship.
   bool Sync(Tenant& t);
   Status UploadSegment(Tenant& t);
@@ -712,24 +714,32 @@ void Replicator::Impl::UploadLoop() {
   }
 }
 
-void Replicator::Impl::SyncAll() {
-  bool failing;
-  {
-    std::lock_guard lock(stats_mu_);
-    failing = !failing_.empty();
-  }
-  // While uploads fail, a probe tells when the destination takes writes
-  // again, even if nothing waits to ship.
-  if (failing) {
-    if (Status probe = o_.destination->Probe(); probe.ok()) RecordSuccess();
-  }
+void Replicator::Impl::SyncAll() { (void)Round(); }
+
+bool Replicator::Impl::Round() {
   UploadTombstones();
   std::vector<std::shared_ptr<Tenant>> all;
   {
     std::lock_guard lock(tenants_mu_);
     for (auto& [k, t] : tenants_) all.push_back(t);
   }
-  for (auto& t : all) Sync(*t);
+  // Every tenant, served now or not: true means nothing captured is left
+  // unshipped anywhere. A tenant whose range is not served at this moment
+  // (a lapse, or a range lost) ships what its generation can still take;
+  // what it cannot ship (a generation starts only while served) keeps the
+  // round unclean.
+  bool clean = true;
+  for (auto& t : all) clean = Sync(*t) && clean;
+  {
+    std::lock_guard lock(tenants_mu_);
+    clean = clean && tombstones_.empty();
+  }
+  // A failure is cleared by a real upload that lands (in Sync), or here when
+  // nothing is left to ship. Never by a probe: a full disk takes an empty
+  // probe file and refuses every real object, and clearing on the probe made
+  // /health flap every round.
+  if (clean) RecordSuccess();
+  return clean;
 }
 
 void Replicator::Impl::UploadTombstones() {
@@ -1087,25 +1097,9 @@ void Replicator::Impl::Prune(Tenant& t) {
 
 bool Replicator::Impl::Flush(MonoTime deadline) {
   while (true) {
-    UploadTombstones();
-    std::vector<std::shared_ptr<Tenant>> all;
-    {
-      std::lock_guard lock(tenants_mu_);
-      for (auto& [k, t] : tenants_) all.push_back(t);
-    }
-    // Every tenant, served now or not: true means nothing captured is left
-    // unshipped anywhere. A tenant whose range is not served at this moment
-    // (a lapse, or a range lost) ships what its generation can still take,
-    // as the shipping loop does; what it cannot ship (a generation starts
-    // only while served) keeps the flush unclean, so a range that lapsed
-    // for a moment is not released, nor the agent ended, with commits left.
-    bool clean = true;
-    for (auto& t : all) clean = Sync(*t) && clean;
-    {
-      std::lock_guard lock(tenants_mu_);
-      clean = clean && tombstones_.empty();
-    }
-    if (clean) return true;
+    // A range that lapsed for a moment is not released, nor the agent ended,
+    // with commits left: an unclean round keeps the flush going.
+    if (Round()) return true;
     if (o_.mono->Now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "fleet/destination_fakes.h"
 #include "fleet/replica_catalog.h"
 #include "fleet/replica_object.h"
 #include "fleet/tenant_file.h"
@@ -473,6 +474,38 @@ TEST_F(ReplicatorTest, a_flush_while_a_range_with_a_pending_commit_lapses_is_not
   EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   EXPECT_EQ(rep_->Stats().snapshots, 1u);
   EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
+}
+
+// ---- issue 10 item 10: a destination is healthy when a real upload succeeds ----
+
+TEST_F(ReplicatorTest, a_full_destination_that_takes_an_empty_probe_stays_failing_every_round) {
+  // The replica's disk is full: an empty write (a probe) lands, a real one
+  // does not. The shipping loop runs on its own; a real write of a later
+  // round is held, so the state a /health sample sees mid-round is read.
+  auto full = std::make_shared<FailingDestination>(inner_);
+  full->FailWritesOver(0, Unavailable("No space left on device (the replica's disk)"));
+  auto held = std::make_shared<HangingDestination>(full, seconds(30));
+  ReplicatorOptions o = Options();
+  o.destination = held;
+  o.sync_interval = Millis(10);
+  Start(std::move(o));
+  FleetFile k = Main("full-disk");
+  PutLocal(k, std::string(4096, 'F'), kEpoch);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit to ship
+  for (int i = 0; i < 20000 && rep_->Stats().failing.empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_NE(rep_->Stats().failing, "") << "the failed upload was not reported";
+  held->Hang(Request::kPut);
+  ASSERT_TRUE(held->WaitHeld(1, seconds(20)));
+  EXPECT_NE(rep_->Stats().failing, "") << "an empty probe cleared the failure mid-round";
+  // The disk has room again: the commit ships and the failure clears.
+  full->Heal();
+  held->Release();
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().failing, "");
+  EXPECT_EQ(rep_->Stats().snapshots, 1u);
 }
 
 // ---- F4: lookups' flights are bounded ----

@@ -67,7 +67,9 @@ std::vector<StoreCall> HostOwnership::BeginRefresh(MonoTime now) {
     // lease can only have started after it.
     state.pending_sent = now;
     state.pending_in_refresh = true;
-    state.outcome = RangeOutcome::kNotYet;
+    // `outcome` keeps the last answer until this call answers or times out:
+    // status shows it meanwhile, so a waiting range does not read as "not
+    // claimed yet" (and a standby's /health fail) during every call.
     calls.push_back(call);
   }
   return calls;

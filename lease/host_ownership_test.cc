@@ -110,6 +110,24 @@ TEST(HostOwnership, waits_naming_the_holder_then_claims_after_the_lapse) {
   EXPECT_EQ(fleet.Refresh(a).waiting.size(), 1u);
 }
 
+TEST(HostOwnership, a_waiting_range_shows_waiting_while_its_next_call_is_out) {
+  // A standby host's status (and /health) must not flap to "not claimed yet"
+  // during every refresh while the store call runs.
+  Fleet fleet;
+  HostOwnership a = Host("a", {Range(0, 99)});
+  HostOwnership b = Host("b", {Range(0, 99)});
+  fleet.Refresh(a);
+  ASSERT_EQ(fleet.Refresh(b).waiting.size(), 1u);
+  fleet.Advance(Millis(1'000));
+  auto calls = b.BeginRefresh(fleet.now);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(b.Status(fleet.now)[0].last, RangeOutcome::kWaiting);
+  EXPECT_TRUE(b.Status(fleet.now)[0].call_running);
+  b.Answer(calls[0].id, fleet.Decide(b.owner(), calls[0]));
+  EXPECT_EQ(b.EndRefresh().waiting.size(), 1u);
+  EXPECT_EQ(b.Status(fleet.now)[0].last, RangeOutcome::kWaiting);
+}
+
 TEST(HostOwnership, a_stuck_range_does_not_lapse_the_other) {
   Fleet fleet;
   HostOwnership a = Host("a", {Range(0, 9), Range(10, 19)});

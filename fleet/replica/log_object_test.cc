@@ -345,6 +345,12 @@ TEST_F(LogObject, an_object_that_follows_another_object_breaks_the_chain) {
   ExpectDataLoss(CheckChain(dec->header, 2222), "chain is broken");
 }
 
+TEST_F(LogObject, object_zero_follows_nothing) {
+  auto dec = DecodeLogObject(EncodeLogMarker(At(0), 1)->bytes, Expect(0));
+  ASSERT_TRUE(dec.ok());
+  ExpectDataLoss(CheckChain(dec->header, 0), "begins the log");
+}
+
 TEST_F(LogObject, object_zero_with_a_previous_checksum_is_refused) {
   std::string obj = EncodeLogMarker(At(0), 1)->bytes;
   Set<std::uint64_t>(obj, kOffPrev, 42);

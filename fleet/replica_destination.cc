@@ -36,7 +36,7 @@ namespace {
 constexpr std::string_view kFileScheme = "file://";
 // A temporary file's name starts with this; List hides such names and
 // ValidateObjectPath refuses them, so an object never looks like one.
-constexpr std::string_view kTempPrefix = ".tmp-";
+constexpr std::string_view kTempPrefix = kDestinationTempPrefix;
 // Tenant data is no more readable at the replica than in the volume.
 constexpr mode_t kObjectMode = 0600;
 constexpr mode_t kDirMode = 0700;

@@ -33,6 +33,10 @@
 
 namespace fleetfs::replica {
 
+// How the file destination's temporary files begin: a put in progress, or
+// one a crash left behind. Listings never name them.
+inline constexpr std::string_view kDestinationTempPrefix = ".tmp-";
+
 class Destination {
  public:
   virtual ~Destination() = default;

@@ -53,6 +53,7 @@ struct SnapshotOwner {
   std::uint32_t uid = 0;
   std::uint32_t gid = 0;
   std::uint32_t mode = 0;
+  bool operator==(const SnapshotOwner&) const = default;
 };
 
 struct ObjectSummary {

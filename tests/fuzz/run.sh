@@ -9,9 +9,9 @@
 #
 # TARGET is a name under tests/fuzz/corpus/ (admin_request, config,
 # slot_range, owner_id, duration, tenant_id, fleet_name, wal,
-# replica_object). New interesting inputs go to build-fuzz/tests/fuzz/corpus/
-# TARGET, crashes to build-fuzz/tests/fuzz/crashes/; see README.md for how a
-# crash becomes a regression input.
+# replica_object, log_object). New interesting inputs go to
+# build-fuzz/tests/fuzz/corpus/TARGET, crashes to build-fuzz/tests/fuzz/crashes/;
+# see README.md for how a crash becomes a regression input.
 set -euo pipefail
 if [ $# -lt 2 ]; then
   sed -n '2,15p' "$0" >&2

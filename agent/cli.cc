@@ -437,7 +437,14 @@ int PrintStatus(Json doc, std::ostream& out) {
         << r["transactions_shipped"].get<std::uint64_t>() << " transactions, "
         << r["bytes_shipped"].get<std::uint64_t>() << " bytes, " << r["snapshots"].get<std::uint64_t>()
         << " snapshots   restored " << r["restores"].get<std::uint64_t>() << "   tenants unshipped "
-        << r["tenants_unshipped"].get<std::uint64_t>();
+        << r["tenants_unshipped"].get<std::uint64_t>() << "   tenants unshippable "
+        << r.value("tenants_unshippable", std::uint64_t{0});
+    if (r.value("tenants_unshippable", std::uint64_t{0}) > 0) {
+      out << "\nNOT REPLICATED: " << Printable(r.value("unshippable_example", std::string()))
+          << (r["tenants_unshippable"].get<std::uint64_t>() > 1 ? " and others" : "")
+          << " written with journal_mode OFF or MEMORY (no transaction's end on disk); each "
+             "ships again, from a fresh snapshot, once it commits with a journal or WAL";
+    }
     if (!r["failing"].get<std::string>().empty()) {
       out << "\nFAILING: " << Printable(r["failing"].get<std::string>());
     }

@@ -179,6 +179,8 @@ Json StatusJson(const AgentSnapshot& s) {
     for (const ReplicationCounter& c : kReplicationCounters) rep[std::string(c.json)] = r.*c.value;
     rep["tenants"] = r.tenants;
     rep["tenants_unshipped"] = r.unshipped_tenants;
+    rep["tenants_unshippable"] = r.unshippable_tenants;
+    rep["unshippable_example"] = r.unshippable_example;
     rep["lag_p50_s"] = r.lag_p50_s;
     rep["lag_p99_s"] = r.lag_p99_s;
     rep["failing"] = r.failing;
@@ -262,7 +264,20 @@ HttpResponse Health(const AgentSnapshot& s) {
     return unhealthy("the replicator cannot write to " + s.replica + ": " +
                      s.replication->failing);
   }
+  if (s.replication && s.replication->unshippable_tenants > 0) {
+    // Healthy still: one tenant's journal mode is its application's setting,
+    // and a failing health check would move every tenant of the host.
+    return HttpResponse{200, "text/plain; charset=utf-8", "ok\nwarning: " + UnshippableText(*s.replication) + "\n"};
+  }
   return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
+}
+
+std::string UnshippableText(const replica::ReplicationStats& r) {
+  return std::to_string(r.unshippable_tenants) + " tenant(s) not replicated (" +
+         r.unshippable_example + (r.unshippable_tenants > 1 ? " and others" : "") +
+         "): written with journal_mode OFF or MEMORY, which leaves no transaction's end on "
+         "disk, so a copy could be torn; each ships again, from a fresh snapshot, once it "
+         "commits with a journal or WAL";
 }
 
 std::string MetricsText(const AgentSnapshot& s) {
@@ -359,6 +374,9 @@ std::string MetricsText(const AgentSnapshot& s) {
          "Commit-to-shipped time over the last shipped commits.");
     out << "fleetfs_replication_lag_seconds{quantile=\"0.5\"} " << r.lag_p50_s << '\n';
     out << "fleetfs_replication_lag_seconds{quantile=\"0.99\"} " << r.lag_p99_s << '\n';
+    help("fleetfs_replication_unshippable_tenants", "gauge",
+         "Tenants not replicated because they are written with journal_mode OFF or MEMORY.");
+    out << "fleetfs_replication_unshippable_tenants " << r.unshippable_tenants << '\n';
     help("fleetfs_replication_failing", "gauge", "1 while uploads to the destination fail.");
     out << "fleetfs_replication_failing " << (r.failing.empty() ? 0 : 1) << '\n';
   }

@@ -70,6 +70,10 @@ std::string MetricsText(const AgentSnapshot& snapshot);
 // 200 while every configured range is served or waiting; 503 naming the
 // backing volume when it failed (the agent stood down) or is full, else the
 // first range whose store call failed, whose lease lapsed, or that was lost.
+// A 200 says "ok", then a warning line when tenants are not replicated
+// because of their journal mode (UnshippableText).
 HttpResponse Health(const AgentSnapshot& snapshot);
+// Why tenants are not replicated, naming one: for /health and the status.
+std::string UnshippableText(const replica::ReplicationStats& stats);
 
 }  // namespace fleetfs::agent

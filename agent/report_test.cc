@@ -185,6 +185,24 @@ TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
   }
 }
 
+TEST(Report, unshippable_tenants_are_counted_and_named_in_status_metrics_and_health) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replica = "file:///r";
+  s.replication = replica::ReplicationStats{};
+  EXPECT_EQ(Health(s).body, "ok\n");
+  s.replication->unshippable_tenants = 2;
+  s.replication->unshippable_example = "042/acme.db";
+  nlohmann::json rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["tenants_unshippable"], 2);
+  EXPECT_EQ(rep["unshippable_example"], "042/acme.db");
+  EXPECT_NE(MetricsText(s).find("fleetfs_replication_unshippable_tenants 2\n"), std::string::npos);
+  HttpResponse health = Health(s);
+  EXPECT_EQ(health.status, 200);  // one application's setting does not fail the host
+  EXPECT_EQ(health.body.rfind("ok\nwarning: 2 tenant(s) not replicated (042/acme.db", 0), 0u)
+      << health.body;
+  EXPECT_NE(health.body.find("journal_mode OFF or MEMORY"), std::string::npos);
+}
+
 TEST(StatusJson, bytes_that_are_not_utf8_anywhere_never_make_a_serializer_throw) {
   auto waiting = Range("100-199", RangeOutcome::kWaiting, false);
   waiting.status.holder = lease::Held{*SlotRange::Parse("100-199"), "host-\xff", 1000};

@@ -17,6 +17,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "fleet/replica/capture.h"
 #include "fleet/replica_catalog.h"
 #include "fleet/replica_object.h"
 #include "fleet/tenant_file.h"
@@ -26,42 +27,14 @@
 namespace fleetfs::replica {
 namespace {
 
-constexpr std::string_view kMarkerDir = ".fleetfs/unshipped";
+constexpr std::string_view kMarkerDir = kUnshippedMarkerDir;
 constexpr std::string_view kSpoolDir = ".fleetfs/spool";
-// Captured transactions kept in memory while the destination does not take
-// them; beyond this they are dropped and the next generation starts with a
-// snapshot (a gap), so memory stays bounded and nothing committed is lost
-// locally.
-constexpr std::uint64_t kMaxCapturedBytes = 256ull << 20;
 constexpr std::size_t kLagSamples = 4096;
-constexpr std::uint8_t kJournalMagic[8] = {0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7};
 // Internal to the prepare path (never an answer): a restore found the file
 // made meanwhile, so the file there is checked again as any file found here.
 constexpr int kRaced = -1;
 // Attempts of one prepare when files keep appearing under its restores.
 constexpr int kPrepareAttempts = 3;
-
-std::uint32_t Be32(const void* p) {
-  const auto* b = static_cast<const std::uint8_t*>(p);
-  return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
-         b[3];
-}
-
-std::string MarkerName(const FleetFile& main) {
-  std::string m = main.main_path;
-  std::replace(m.begin(), m.end(), '/', '-');
-  return m;
-}
-
-// Page size from a database header (bytes 16-17; 1 means 65536).
-std::uint32_t DbPageSize(int fd) {
-  std::uint8_t h[2];
-  if (::pread(fd, h, 2, 16) != 2) return 4096;
-  std::uint32_t v = (std::uint32_t{h[0]} << 8) | h[1];
-  if (v == 1) return 65536;
-  if (v < 512 || (v & (v - 1)) != 0) return 4096;
-  return v;
-}
 
 // Keys the replica was found not to hold, each with the epoch it was listed
 // at: a repeated lookup of an absent name needs no job and no listing. At one
@@ -166,6 +139,7 @@ class Replicator::Impl {
   // Used by Tenant.
   int root() const { return root_.get(); }
   WallMs NowMs() const { return o_.wall->NowMs(); }
+  const WallClock* wall() const { return o_.wall; }
   void CountCaptureFailure() { ++counters_.capture_failures; }
 
  private:
@@ -193,7 +167,8 @@ class Replicator::Impl {
   Status StartGeneration(Tenant& t, const std::vector<GenerationId>& gens);
   Status PeriodicSnapshot(Tenant& t);
   void Prune(Tenant& t);  // retention, after a new snapshot
-  Result<UniqueFd> TakeSnapshot(Tenant& t, std::vector<Txn>* before);
+  Result<UniqueFd> TakeSnapshot(Tenant& t, std::vector<Txn>* before,
+                                std::uint64_t* gap_mark = nullptr);
   void UploadTombstones();
   void PrepareLoop();
   // Prepares the flight's file; 0 only while its epoch is still served.
@@ -257,296 +232,34 @@ class Replicator::Impl {
   std::size_t lag_next_ = 0;
 };
 
-// ---- one tenant's capture state ----
+// ---- one tenant: its capture, and where its shipping stands ----
 
-class Tenant final : public TenantWatch {
+class Tenant final {
  public:
-  Tenant(Replicator::Impl& r, FleetFile main) : r_(r), main_(std::move(main)) {
-    key_dir_ = KeyDir(main_);
-    // What is on disk now: a WAL in use, or a hot journal left by a crash.
-    struct stat st;
-    wal_exists_ = ::fstatat(r_.root(), (main_.main_path + "-wal").c_str(), &st, 0) == 0;
-    UniqueFd j(::openat(r_.root(), (main_.main_path + "-journal").c_str(), O_RDONLY | O_CLOEXEC));
-    std::uint8_t magic[8] = {};
-    journal_hot_ = j.valid() && ::pread(j.get(), magic, 8, 0) == 8 &&
-                   std::memcmp(magic, kJournalMagic, 8) == 0;
+  Tenant(Replicator::Impl& r, FleetFile main)
+      : capture_(std::make_shared<Capture>(
+            CaptureOptions{r.root(), r.wall(), [&r] { r.CountCaptureFailure(); }},
+            std::move(main))) {
+    key_dir_ = KeyDir(capture_->main());
   }
 
-  WriteGuard BeforeWrite(FileRole role, std::uint64_t off, const char* data,
-                         std::size_t size) override {
-    if (role == FileRole::kJournal && off == 0 && size >= 8 &&
-        std::memcmp(data, kJournalMagic, 8) == 0) {
-      // A transaction begins: it waits while a snapshot is wanted, before it
-      // takes the gate, so the snapshot can take the gate once it ends.
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return !want_snapshot_; });
-        if (!journal_hot_) dirty_.clear();
-        journal_hot_ = true;
-        NoteWriteLocked();
-      }
-      gate_.LockShared();
-      return WriteGuard(&gate_, {});
-    }
-    gate_.LockShared();
-    std::unique_lock lock(mu_);
-    NoteWriteLocked();
-    switch (role) {
-      case FileRole::kMain:
-        if (journal_hot_) {
-          dirty_.emplace_back(off, size);
-        } else if (!wal_exists_) {
-          // Neither journaled nor in a WAL (journal_mode OFF or MEMORY): no
-          // commit can be seen, so the next ship is a snapshot.
-          need_generation_ = true;
-        }
-        return WriteGuard(&gate_, {});
-      case FileRole::kWal:
-        wal_exists_ = true;
-        if (off == 0) {
-          // A new log header: a restart (or the first). The last moment to
-          // capture the old log's commits; the write waits, and the capture
-          // lock is held until it lands so no reader sees half of it.
-          lock.unlock();
-          std::unique_lock capture(capture_mu_);
-          CaptureWal();
-          lock.lock();
-          commit_seen_.clear();  // what is left belongs to no commit
-          PublishLocked();
-          if (size >= wal::kHeaderSize) wal_page_size_ = Be32(data + 8);
-          return WriteGuard(&gate_, std::move(capture));
-        }
-        if (wal_page_size_ == 0) LearnWalPageSize();
-        if (wal_page_size_ != 0 && off >= wal::kHeaderSize && size >= 8 &&
-            (off - wal::kHeaderSize) % (wal::kFrameHeaderSize + wal_page_size_) == 0 &&
-            Be32(data + 4) != 0) {
-          commit_seen_.emplace(off, r_.NowMs());  // the commit time, for point-in-time
-          PublishLocked();
-        }
-        return WriteGuard(&gate_, {});
-      case FileRole::kJournal:
-        if (off == 0 && size >= 8 && std::all_of(data, data + 8, [](char c) { return c == 0; })) {
-          FinishJournalLocked();  // PERSIST: a zeroed header is the commit
-        }
-        return WriteGuard(&gate_, {});
-      default:
-        return WriteGuard(&gate_, {});
-    }
-  }
-
-  WriteGuard BeforeTruncate(FileRole role, std::uint64_t size) override {
-    gate_.LockShared();
-    if (role == FileRole::kWal) {
-      std::unique_lock capture(capture_mu_);
-      CaptureWal();
-      std::lock_guard lock(mu_);
-      NoteWriteLocked();
-      if (size == 0) {
-        cursor_ = {};
-        commit_seen_.clear();
-        PublishLocked();
-      }
-      return WriteGuard(&gate_, std::move(capture));
-    }
-    std::unique_lock lock(mu_);
-    NoteWriteLocked();
-    if (role == FileRole::kJournal && size == 0) FinishJournalLocked();  // TRUNCATE mode
-    if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) need_generation_ = true;
-    return WriteGuard(&gate_, {});
-  }
-
-  WriteGuard BeforeUnlink(FileRole role) override {
-    gate_.LockShared();
-    if (role == FileRole::kWal) {
-      std::unique_lock capture(capture_mu_);
-      CaptureWal();
-      std::lock_guard lock(mu_);
-      cursor_ = {};
-      commit_seen_.clear();
-      PublishLocked();
-      wal_exists_ = false;
-      wal_page_size_ = 0;
-      return WriteGuard(&gate_, std::move(capture));
-    }
-    std::unique_lock lock(mu_);
-    if (role == FileRole::kJournal) FinishJournalLocked();  // DELETE mode
-    return WriteGuard(&gate_, {});
-  }
-
-  const FleetFile& main() const { return main_; }
+  const FleetFile& main() const { return capture_->main(); }
   const std::string& key_dir() const { return key_dir_; }
+  Capture& capture() { return *capture_; }
 
-  // Everything below is used by Replicator::Impl.
-  void NoteWriteLocked() {
-    ++writes_seen_;
-    if (!marker_present_) {
-      std::string marker = std::string(kMarkerDir) + "/" + MarkerName(main_);
-      UniqueFd fd(::openat(r_.root(), marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
-      if (!fd.valid()) spdlog::warn("replica: cannot mark {} unshipped: {}", main_.main_path, std::strerror(errno));
-      marker_present_ = true;
-      unshipped_.store(true);
-    }
-  }
-
-  // Publishes the numbers Stats() and LagSeconds() read without mu_: called
-  // after every change of captured_ or commit_seen_, with mu_ held.
-  void PublishLocked() {
-    WallMs o = 0;
-    if (!captured_.empty()) o = captured_.front().commit_ms;
-    if (!commit_seen_.empty() && (o == 0 || commit_seen_.begin()->second < o)) {
-      o = commit_seen_.begin()->second;
-    }
-    oldest_pending_ms_.store(o);
-  }
-
-  // A capture could not read what it had to (no descriptor, an I/O error):
-  // what it missed would be a hole in the replica, so the next shipment
-  // starts a new generation with a snapshot. Called with mu_ held.
-  void CaptureFailedLocked(std::string_view what, const std::string& why) {
-    spdlog::error("replica: capturing the {} of {} failed: {}; its next shipment starts a new "
-                  "generation with a snapshot",
-                  what, main_.main_path, why);
-    need_generation_ = true;
-    r_.CountCaptureFailure();
-  }
-
-  void RemoveMarkerLocked() {
-    if (!marker_present_) return;
-    std::string marker = std::string(kMarkerDir) + "/" + MarkerName(main_);
-    ::unlinkat(r_.root(), marker.c_str(), 0);
-    marker_present_ = false;
-    unshipped_.store(false);
-  }
-
-  void LearnWalPageSize() {
-    UniqueFd fd(::openat(r_.root(), (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
-    std::uint8_t h[wal::kHeaderSize];
-    if (fd.valid() && ::pread(fd.get(), h, sizeof h, 0) == static_cast<ssize_t>(sizeof h)) {
-      if (auto header = wal::ParseHeader(h, sizeof h)) wal_page_size_ = header->page_size;
-    }
-  }
-
-  void PushLocked(Txn txn) {
-    captured_bytes_ += txn.Bytes();
-    captured_.push_back(std::move(txn));
-    if (captured_bytes_ > kMaxCapturedBytes) {
-      spdlog::warn("replica: {} has {} MiB of commits the destination has not taken; dropping "
-                   "them, the next generation starts with a snapshot",
-                   main_.main_path, captured_bytes_ >> 20);
-      captured_.clear();
-      captured_bytes_ = 0;
-      need_generation_ = true;
-    }
-    PublishLocked();
-  }
-
-  // Reads the commits the log holds after the cursor. Called with
-  // capture_mu_ held and mu_ not: the log is read without blocking the
-  // writes that only note a commit time.
-  void CaptureWal() {
-    UniqueFd fd(::openat(r_.root(), (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) {
-      if (errno == ENOENT) return;  // no log: nothing to capture
-      const int err = errno;
-      std::lock_guard lock(mu_);
-      CaptureFailedLocked("WAL", std::string("opening it: ") + std::strerror(err));
-      return;
-    }
-    auto read = wal::ReadCommitted(fd.get(), cursor_);
-    if (!read.ok()) {
-      std::lock_guard lock(mu_);
-      CaptureFailedLocked("WAL", read.status().message());
-      return;
-    }
-    std::lock_guard lock(mu_);
-    const WallMs now = r_.NowMs();
-    for (auto& c : read->txns) {
-      Txn t;
-      auto seen = commit_seen_.find(c.commit_frame_offset);
-      t.commit_ms = seen != commit_seen_.end() ? seen->second : now;
-      t.db_size = std::uint64_t{c.db_pages} * c.page_size;
-      for (auto& [pgno, data] : c.pages) {
-        t.writes.push_back(PageWrite{std::uint64_t{pgno - 1} * c.page_size, std::move(data)});
-      }
-      commit_seen_.erase(commit_seen_.begin(), commit_seen_.upper_bound(c.commit_frame_offset));
-      PushLocked(std::move(t));
-    }
-    PublishLocked();
-  }
-
-  // The journal is finished: the main file's written ranges are the commit.
-  void FinishJournalLocked() {
-    if (!journal_hot_) return;
-    journal_hot_ = false;
-    cv_.notify_all();
-    UniqueFd fd(::openat(r_.root(), main_.main_path.c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st;
-    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
-      const int err = errno;
-      dirty_.clear();
-      CaptureFailedLocked("journaled commit", std::string("reading the main file: ") +
-                                                  std::strerror(err));
-      return;
-    }
-    const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
-    const std::uint64_t page = DbPageSize(fd.get());
-    std::vector<std::uint64_t> pages;
-    for (auto [off, len] : dirty_) {
-      for (std::uint64_t p = off / page; p * page < off + len; ++p) pages.push_back(p);
-    }
-    dirty_.clear();
-    std::sort(pages.begin(), pages.end());
-    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
-    Txn t;
-    t.commit_ms = r_.NowMs();
-    t.db_size = size;
-    for (std::uint64_t p : pages) {
-      if (p * page >= size) continue;
-      PageWrite w{p * page, std::string(std::min<std::uint64_t>(page, size - p * page), '\0')};
-      if (::pread(fd.get(), w.data.data(), w.data.size(), static_cast<off_t>(w.offset)) !=
-          static_cast<ssize_t>(w.data.size())) {
-        CaptureFailedLocked("journaled commit", std::string("reading the main file: ") +
-                                                    std::strerror(errno));
-        return;
-      }
-      t.writes.push_back(std::move(w));
-    }
-    PushLocked(std::move(t));
-  }
-
-  Replicator::Impl& r_;
-  const FleetFile main_;
+  // The tenant's TenantWatch (the mount's hooks) and its capture state.
+  const std::shared_ptr<Capture> capture_;
   std::string key_dir_;
-  WriteGate gate_;
-  std::mutex ship_mu_;  // serializes shipping; order: ship_mu_, gate_, capture_mu_, mu_
-  std::mutex capture_mu_;  // serializes reading the WAL; guards cursor_
-  wal::WalCursor cursor_;
+  std::mutex ship_mu_;  // serializes shipping; order: ship_mu_, the capture's locks, mu_
 
-  std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;  // journal_hot_ and want_snapshot_ changes
+  std::mutex mu_;  // guards everything below; taken alone or before a capture's mu_
   std::uint64_t epoch_ = 0;
-  std::uint32_t wal_page_size_ = 0;
-  std::map<std::uint64_t, WallMs> commit_seen_;  // commit frame offset -> first seen
-  bool wal_exists_ = false;
-  bool journal_hot_ = false;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> dirty_;
-  bool want_snapshot_ = false;
-  std::deque<Txn> captured_;
-  std::uint64_t captured_bytes_ = 0;
-  bool need_generation_ = true;
   std::optional<GenerationId> gen_;
   std::uint64_t next_seq_ = 0;
   WallMs last_snapshot_ms_ = 0;
   std::uint64_t commits_since_snapshot_ = 0;
   std::uint64_t stopped_below_ = 0;  // a newer epoch at the destination: ship nothing below it
   bool deleted_ = false;
-  bool marker_present_ = false;
-  std::uint64_t writes_seen_ = 0;
-  std::uint64_t writes_last_round_ = 0;  // writes_seen_ at the previous shipping round
-
-  // Published under mu_, read without it (by Stats and LagSeconds).
-  std::atomic<bool> unshipped_{false};            // marker_present_
-  std::atomic<WallMs> oldest_pending_ms_{0};      // oldest commit not yet shipped; 0: none
 };
 
 // ---- start and stop ----
@@ -576,9 +289,7 @@ Status Replicator::Impl::Start() {
       auto file = bucket ? ParseFleetName(o_.mode, *bucket, n.substr(4)) : std::nullopt;
       if (!file || file->role != FileRole::kMain) continue;
       auto t = TenantFor(*file, true);
-      std::lock_guard lock(t->mu_);
-      t->marker_present_ = true;
-      t->unshipped_.store(true);
+      t->capture().MarkUnshipped();
       ++found;
     }
     ::closedir(d);
@@ -665,7 +376,7 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
   auto t = TenantFor(main, true);
   std::lock_guard lock(t->mu_);
   if (epoch > t->epoch_) t->epoch_ = epoch;
-  return t;
+  return t->capture_;
 }
 
 void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
@@ -681,12 +392,11 @@ void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
     tombstones_.push_back(Tombstone{main, epoch, NowMs()});
   }
   if (t) {
-    std::lock_guard lock(t->mu_);
-    t->deleted_ = true;
-    t->captured_.clear();
-    t->captured_bytes_ = 0;
-    t->PublishLocked();
-    t->RemoveMarkerLocked();
+    {
+      std::lock_guard lock(t->mu_);
+      t->deleted_ = true;
+    }
+    t->capture().Drop();
   }
   {
     std::lock_guard lock(upload_mu_);
@@ -783,41 +493,34 @@ void Replicator::Impl::UploadTombstones() {
 
 bool Replicator::Impl::Sync(Tenant& t) {
   std::lock_guard ship(t.ship_mu_);
-  std::uint64_t writes_at_scan = 0;
   bool has_captured = false, need_gen = false, periodic = false;
   std::uint64_t epoch = 0;
-  {
-    std::lock_guard capture(t.capture_mu_);
-    t.CaptureWal();
-  }
+  const CaptureScan scan = t.capture().Scan();  // reads the WAL first
+  bool gap = scan.gap;
   {
     std::lock_guard lock(t.mu_);
     if (t.deleted_) return true;
-    writes_at_scan = t.writes_seen_;
     if (auto serving = o_.serving_epoch ? o_.serving_epoch(t.main().slot) : std::nullopt;
         serving && *serving > t.epoch_) {
       t.epoch_ = *serving;
     }
-    if (t.gen_ && t.gen_->epoch != t.epoch_) t.need_generation_ = true;
-    epoch = t.epoch_;
-    has_captured = !t.captured_.empty();
-    need_gen = t.need_generation_ && t.marker_present_;
-    periodic = t.gen_ && !t.need_generation_ && t.commits_since_snapshot_ > 0 &&
-               NowMs() - t.last_snapshot_ms_ >= o_.snapshot_interval.count();
-    if (!has_captured && !need_gen && !periodic) {
-      if (writes_at_scan == t.writes_last_round_ && !t.commit_seen_.empty()) {
-        // A commit frame whose chain never became valid, with no write for a
-        // whole round: a writer that died mid-commit. It never commits.
-        t.commit_seen_.clear();
-        t.PublishLocked();
-      }
-      t.writes_last_round_ = writes_at_scan;
-      if (!t.journal_hot_ && t.commit_seen_.empty() && !t.need_generation_) {
-        t.RemoveMarkerLocked();
-      }
-      return !t.marker_present_ || !t.need_generation_;
+    if (t.gen_ && t.gen_->epoch != t.epoch_ && !gap) {
+      t.capture().MarkGap();
+      gap = true;
     }
-    t.writes_last_round_ = writes_at_scan;
+    epoch = t.epoch_;
+    has_captured = scan.has_captured;
+    need_gen = gap && scan.unshipped;
+    periodic = t.gen_ && !gap && t.commits_since_snapshot_ > 0 &&
+               NowMs() - t.last_snapshot_ms_ >= o_.snapshot_interval.count();
+  }
+  // Journal mode OFF or MEMORY: neither a snapshot nor a segment of it ships
+  // (the capture logged why; Stats counts it) until it commits with a
+  // journal or WAL again.
+  if (scan.unshippable) return false;
+  if (!has_captured && !need_gen && !periodic) return t.capture().SettleIdle(scan);
+  {
+    std::lock_guard lock(t.mu_);
     if (epoch == 0 || epoch < t.stopped_below_) return false;  // nothing we may ship under
   }
   const bool serving_now = o_.serving_epoch && o_.serving_epoch(t.main().slot) == epoch;
@@ -857,45 +560,34 @@ bool Replicator::Impl::Sync(Tenant& t) {
     return false;
   }
   RecordSuccess();
-  std::lock_guard lock(t.mu_);
-  if (t.captured_.empty() && !t.need_generation_ && t.writes_seen_ == writes_at_scan &&
-      !t.journal_hot_ && t.commit_seen_.empty()) {
-    t.RemoveMarkerLocked();
-    return true;
-  }
-  return t.captured_.empty() && !t.need_generation_;
+  return t.capture().SettleShipped(scan);
 }
 
 Status Replicator::Impl::UploadSegment(Tenant& t) {
-  std::vector<Txn> txns;
   GenerationId gen;
   std::uint64_t seq = 0;
   {
     std::lock_guard lock(t.mu_);
-    if (t.captured_.empty() || !t.gen_) return Status::Ok();
-    txns.assign(std::make_move_iterator(t.captured_.begin()),
-                std::make_move_iterator(t.captured_.end()));
-    t.captured_.clear();
-    t.captured_bytes_ = 0;
+    if (!t.gen_) return Status::Ok();
     gen = *t.gen_;
     seq = t.next_seq_;
   }
+  std::vector<Txn> txns = t.capture().Take();
+  if (txns.empty()) return Status::Ok();
   std::string bytes = EncodeSegment(txns);
   Status st = o_.destination->Put(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSegment}),
                                   bytes);
-  std::lock_guard lock(t.mu_);
   if (!st.ok()) {
     // Back in front, in order: the next round tries the same number again.
-    for (auto it = txns.rbegin(); it != txns.rend(); ++it) {
-      t.captured_bytes_ += it->Bytes();
-      t.captured_.push_front(std::move(*it));
-    }
-    t.PublishLocked();
+    t.capture().Return(std::move(txns));
     return st;
   }
-  t.next_seq_ = seq + 1;
-  t.commits_since_snapshot_ += txns.size();
-  t.PublishLocked();
+  {
+    std::lock_guard lock(t.mu_);
+    t.next_seq_ = seq + 1;
+    t.commits_since_snapshot_ += txns.size();
+  }
+  t.capture().Shipped();
   const WallMs now = NowMs();
   for (const Txn& x : txns) RecordLag(x.commit_ms, now);
   counters_.txns_shipped += txns.size();
@@ -904,42 +596,23 @@ Status Replicator::Impl::UploadSegment(Tenant& t) {
   return Status::Ok();
 }
 
-Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* before) {
-  {
-    std::unique_lock lock(t.mu_);
-    t.want_snapshot_ = true;
-    // Short: the shipping thread serves every tenant, and a hot journal left
-    // by a writer that died stays hot until the next opener rolls it back.
-    if (!t.cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !t.journal_hot_; })) {
-      t.want_snapshot_ = false;
-      t.cv_.notify_all();
-      return Status(Code::kFailedPrecondition,
-                    "a transaction on " + t.main().main_path +
-                        " is open (or its journal is hot); the snapshot waits for the next round");
-    }
-  }
+Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* before,
+                                                std::uint64_t* gap_mark) {
+  // Short: the shipping thread serves every tenant, and a hot journal left
+  // by a writer that died stays hot until the next opener rolls it back.
   // Every write to the main file and its WAL waits from here until the copy is
   // done, so the copy is one consistent state.
-  t.gate_.Lock();
-  std::unique_lock capture(t.capture_mu_);
-  t.CaptureWal();
-  std::unique_lock lock(t.mu_);
-  auto done = [&] {
-    t.want_snapshot_ = false;
-    t.cv_.notify_all();
-    lock.unlock();
-    capture.unlock();
-    t.gate_.Unlock();
-  };
-  if (before) before->assign(std::make_move_iterator(t.captured_.begin()),
-                             std::make_move_iterator(t.captured_.end()));
-  t.captured_.clear();
-  t.captured_bytes_ = 0;
-  t.PublishLocked();
+  auto held = t.capture().HoldForSnapshot(std::chrono::milliseconds(200));
+  if (!held.ok()) return held.status();
+  Capture::SnapshotHold hold = std::move(*held);
+  if (gap_mark) *gap_mark = hold.gap_mark();
+  {
+    std::vector<Txn> taken = hold.TakeCaptured();
+    if (before) *before = std::move(taken);
+  }
   UniqueFd main(::openat(root_.get(), t.main().main_path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!main.valid()) {
     Status st = ErrnoStatus("opening " + t.main().main_path + " for a snapshot", errno);
-    done();
     return st;
   }
   struct stat st;
@@ -952,9 +625,7 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
   if (!walfd.valid() && errno != ENOENT) {
     // Without the log's commits the copy would not be the committed state.
     Status s = ErrnoStatus("opening the WAL of " + t.main().main_path + " for a snapshot", errno);
-    t.need_generation_ = true;
-    CountCaptureFailure();
-    done();
+    hold.CaptureFailed();
     return s;
   }
   if (walfd.valid()) {
@@ -963,9 +634,7 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
     if (!read.ok()) {
       Status s = read.status().WithContext("reading the WAL of " + t.main().main_path +
                                            " for a snapshot");
-      t.need_generation_ = true;
-      CountCaptureFailure();
-      done();
+      hold.CaptureFailed();
       return s;
     }
     if (!read->txns.empty()) {
@@ -984,7 +653,6 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
     Status s = ErrnoStatus("making a snapshot spool file in " + o_.backing + "/" +
                                std::string(kSpoolDir),
                            errno);
-    done();
     return s;
   }
   SnapshotOwner owner{st.st_uid, st.st_gid, st.st_mode & 07777};
@@ -1001,7 +669,7 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
         }
       },
       out.get());
-  done();
+  // The hold ends as this returns: the upload happens after.
   if (!written.ok()) return written.WithContext("snapshot of " + t.main().main_path);
   return out;
 }
@@ -1011,12 +679,14 @@ Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<Generation
     bool continues = false;
     {
       std::lock_guard lock(t.mu_);
-      continues = t.gen_ && t.gen_->epoch == t.epoch_ && !t.captured_.empty();
+      continues = t.gen_ && t.gen_->epoch == t.epoch_;
     }
+    continues = continues && t.capture().HasShippable();
     // What the current generation can still take goes there first.
     if (continues) FLEETFS_RETURN_IF_ERROR(UploadSegment(t));
   }
-  FLEETFS_ASSIGN_OR_RETURN(UniqueFd snap, TakeSnapshot(t, nullptr));
+  std::uint64_t gap_mark = 0;
+  FLEETFS_ASSIGN_OR_RETURN(UniqueFd snap, TakeSnapshot(t, nullptr, &gap_mark));
   std::uint64_t epoch;
   {
     std::lock_guard lock(t.mu_);
@@ -1036,10 +706,10 @@ Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<Generation
     std::lock_guard lock(t.mu_);
     t.gen_ = gen;
     t.next_seq_ = 1;
-    t.need_generation_ = false;
     t.last_snapshot_ms_ = NowMs();
     t.commits_since_snapshot_ = 0;
   }
+  t.capture().ClearGap(gap_mark);
   ++counters_.snapshots;
   counters_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
   absent_.Forget(t.main().main_path);  // shipped: the replica holds it now
@@ -1064,8 +734,7 @@ Status Replicator::Impl::PeriodicSnapshot(Tenant& t) {
     if (!st.ok()) {
       // The snapshot covers these commits, but the generation's numbering
       // must stay whole: start a new generation instead.
-      std::lock_guard lock(t.mu_);
-      t.need_generation_ = true;
+      t.capture().MarkGap();
       return st;
     }
     ++seq;
@@ -1399,19 +1068,9 @@ void Replicator::Impl::ResetTenant(const FleetFile& main) {
   auto t = TenantFor(main, false);
   if (!t) return;
   std::lock_guard ship(t->ship_mu_);
-  std::lock_guard capture(t->capture_mu_);
+  t->capture().Reset();
   std::lock_guard lock(t->mu_);
-  t->cursor_ = {};
-  t->commit_seen_.clear();
-  t->captured_.clear();
-  t->captured_bytes_ = 0;
-  t->journal_hot_ = false;
-  t->dirty_.clear();
-  t->wal_exists_ = false;
-  t->wal_page_size_ = 0;
   t->gen_.reset();
-  t->need_generation_ = true;
-  t->RemoveMarkerLocked();
 }
 
 void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
@@ -1483,7 +1142,7 @@ double Replicator::Impl::LagSeconds(Slot first, Slot last) const {
     std::lock_guard lock(tenants_mu_);
     for (auto& [k, t] : tenants_) {
       if (t->main().slot < first || t->main().slot > last) continue;
-      const WallMs o = t->oldest_pending_ms_.load();
+      const WallMs o = t->capture().oldest_pending_ms();
       if (o != 0 && (oldest == 0 || o < oldest)) oldest = o;
     }
   }
@@ -1520,7 +1179,10 @@ ReplicationStats Replicator::Impl::Stats() const {
   std::lock_guard lock(tenants_mu_);
   s.tenants = tenants_.size();
   for (auto& [k, t] : tenants_) {
-    if (t->unshipped_.load()) ++s.unshipped_tenants;
+    if (t->capture().unshipped()) ++s.unshipped_tenants;
+    if (t->capture().unshippable()) {
+      if (s.unshippable_tenants++ == 0) s.unshippable_example = t->main().main_path;
+    }
   }
   return s;
 }

@@ -1,15 +1,13 @@
 // Replicator: ships every served tenant's commits to the replica destination,
 // and prepares main files before the mount exposes them (DESIGN sections 4-5).
 //
-// Capture. The mount calls the TenantWatch hooks before a change reaches a
-// backing file. A tenant's committed WAL frames are read (validated as
-// SQLite's recovery does) every sync interval, and at the last moment they
-// can be: before a WAL restart (a header written at offset 0), truncation or
-// delete, which wait meanwhile. In rollback-journal mode, the byte ranges of
-// the main file written while a journal is hot are read back when the journal
-// is finished (deleted, truncated to 0 or its header zeroed): that is the
-// commit (or a rollback, which ships the old pages back). Captured
-// transactions wait in memory; a commit waits at most for that local copy.
+// Capture (fleet/replica/capture.h). The mount calls the TenantWatch hooks
+// before a change reaches a backing file; each tenant's Capture turns them
+// into committed transactions (WAL frames read at the last moment they can
+// be, journaled commits read back when the journal ends), held in memory
+// until the shipper takes them; a commit waits at most for that local copy.
+// A tenant whose journal mode leaves no trace of a transaction's end (OFF,
+// MEMORY) is not shipped at all until it commits with a journal or WAL again.
 //
 // Shipping. One thread, every sync interval: per tenant, check the newest
 // epoch at the destination (a newer one than ours stops the tenant and calls
@@ -100,6 +98,11 @@ struct ReplicationStats {
   std::uint64_t prepares_refused = 0;  // lookups answered EAGAIN: too many flights at once
   std::size_t tenants = 0;
   std::size_t unshipped_tenants = 0;
+  // Tenants written with journal_mode OFF or MEMORY (no journal on disk, not
+  // in WAL mode): nothing of them ships until they commit with a journal or
+  // WAL again, then from a fresh snapshot. One of them, named.
+  std::size_t unshippable_tenants = 0;
+  std::string unshippable_example;
   std::string failing;  // the last upload error while uploads fail; empty when they work
   double lag_p50_s = 0;  // commit to shipped, over the last shipped commits
   double lag_p99_s = 0;

@@ -673,5 +673,99 @@ TEST_F(ReplicatorTest, a_capture_that_cannot_open_the_wal_makes_the_next_shipmen
   EXPECT_EQ(copy.Ids(), want) << "the replica has a hole";
 }
 
+// ---- issue 10 item 6: journal_mode OFF or MEMORY is never shipped torn ----
+
+// The hooks as the mount calls them for one rollback-journal commit whose
+// main-file writes already landed: the journal header, the main file's pages,
+// the journal's delete.
+void ReportJournaledCommit(TenantWatch& watch, std::uint64_t main_size) {
+  const char magic[8] = {'\xd9', '\xd5', '\x05', '\xf9', '\x20', '\xa1', '\x63', '\xd7'};
+  { auto guard = watch.BeforeWrite(FileRole::kJournal, 0, magic, sizeof magic); }
+  std::string page(4096, '\0');
+  for (std::uint64_t off = 0; off < main_size; off += page.size()) {
+    auto guard = watch.BeforeWrite(FileRole::kMain, off, page.data(), page.size());
+  }
+  { auto guard = watch.BeforeUnlink(FileRole::kJournal); }
+}
+
+TEST_F(ReplicatorTest, a_tenant_written_with_no_journal_ships_nothing_until_a_journaled_commit) {
+  FleetFile k = Main("journal-off");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=DELETE");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 0, 10);
+  Start(Options());
+  auto watch = rep_->Watch(k, kEpoch);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  ASSERT_EQ(rep_->Stats().snapshots, 1u);
+
+  // journal_mode=OFF: pages land in the main file with no journal, and the
+  // header (bytes 18 and 19 are 1) says it is not in WAL mode.
+  db.Exec("PRAGMA journal_mode=OFF");
+  Insert(db, 10, 30);
+  {
+    std::string page(4096, 'x');  // where the write lands says nothing of the mode
+    auto guard = watch->BeforeWrite(FileRole::kMain, 8192, page.data(), page.size());
+  }
+  ReplicationStats stats = rep_->Stats();
+  EXPECT_EQ(stats.unshippable_tenants, 1u);
+  EXPECT_EQ(stats.unshippable_example, k.main_path);
+  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)))
+      << "a flush called an unshippable tenant clean";
+  // A truncate (say VACUUM's) does not make it shippable either.
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, fs::file_size(Backing(k))); }
+  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)));
+  stats = rep_->Stats();
+  EXPECT_EQ(stats.snapshots, 1u) << "a snapshot of an unshippable tenant was shipped";
+  EXPECT_EQ(stats.segments, 0u) << "a segment of an unshippable tenant was shipped";
+  auto before = Restored(k);
+  ASSERT_TRUE(before.ok()) << before.status().message();
+  {
+    Db copy(*before);
+    std::set<int> first;
+    for (int i = 0; i < 10; ++i) first.insert(i);
+    EXPECT_EQ(copy.Ids(), first);
+  }
+
+  // A commit with a journal again: it ships, from a fresh snapshot.
+  db.Exec("PRAGMA journal_mode=DELETE");
+  Insert(db, 30, 31);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  EXPECT_EQ(rep_->Stats().unshippable_tenants, 0u);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  stats = rep_->Stats();
+  EXPECT_EQ(stats.snapshots, 2u) << "shipping started again without a snapshot";
+  EXPECT_EQ(stats.segments, 0u);
+  auto after = Restored(k);
+  ASSERT_TRUE(after.ok()) << after.status().message();
+  Db copy(*after);
+  std::set<int> want;
+  for (int i = 0; i < 31; ++i) want.insert(i);
+  EXPECT_EQ(copy.Ids(), want);
+}
+
+TEST_F(ReplicatorTest, a_main_file_write_of_a_wal_database_whose_log_is_gone_stays_shippable) {
+  FleetFile k = Main("wal-no-log");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  {
+    Db db(Backing(k));
+    db.Exec("PRAGMA journal_mode=WAL");
+    db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+    Insert(db, 0, 5);
+  }  // the last close checkpoints and deletes the log; the header still says WAL
+  ASSERT_FALSE(fs::exists(Backing(k) + "-wal"));
+  Start(Options());
+  auto watch = rep_->Watch(k, kEpoch);
+  {
+    std::string page(4096, 'x');
+    auto guard = watch->BeforeWrite(FileRole::kMain, 4096, page.data(), page.size());
+  }
+  EXPECT_EQ(rep_->Stats().unshippable_tenants, 0u);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 1u);
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

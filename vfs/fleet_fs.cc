@@ -13,6 +13,7 @@
 
 #include <array>
 #include <atomic>
+#include <limits>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -731,7 +732,13 @@ int FleetFs::Impl::TruncateHandle(InFlight& op, FileHandle& h, off_t size) {
   if (h.watch) guard = h.watch->BeforeTruncate(h.inode->file.role, static_cast<std::uint64_t>(size));
   if (int err = Admit(op); err != 0) return err;
   BeforeBackingCall();
-  if (::ftruncate(h.fd.get(), size) != 0) return errno;
+  // open(O_RDONLY | O_TRUNC) truncates too (the kernel checked write
+  // permission): a read-only descriptor is truncated through its name.
+  const int flags = ::fcntl(h.fd.get(), F_GETFL);
+  const int rc = flags >= 0 && (flags & O_ACCMODE) == O_RDONLY
+                     ? ::truncate(ProcPath(h.fd.get()).c_str(), size)
+                     : ::ftruncate(h.fd.get(), size);
+  if (rc != 0) return errno;
   return Landed(op);
 }
 
@@ -1079,7 +1086,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
   h->inode = inode;
   h->token = *op.token;
   h->watch = WatchOf(inode->file, epoch);
-  if (!created && (fi->flags & O_TRUNC) && st.st_size != 0) {
+  if (!created && (fi->flags & O_TRUNC)) {
     if (int err = TruncateHandle(op, *h, 0); err != 0) {
       inodes_.Forget(inode->ino, 1);
       return err;
@@ -1217,8 +1224,7 @@ void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, o
     return;
   }
   // Only what SQLite uses. Punching, zeroing, collapsing or inserting a range
-  // changes committed bytes that replication would never see (no watch hook,
-  // no write gate; issue 10 routes them through capture).
+  // changes committed bytes in place, which no capture could read back.
   if ((mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
     self.Failed(req, Op::kFallocate, EOPNOTSUPP);
     return;
@@ -1226,8 +1232,25 @@ void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, o
   InFlight op;
   int err = self.CheckHandle(op, *h);
   if (err == 0) {
-    self.BeforeBackingCall();
-    err = ::fallocate(h->fd.get(), mode, off, len) != 0 ? errno : self.Landed(op);
+    // Mode 0 past the end grows the file, as a truncate up to off + len
+    // would: replication sees that size change first, under the write gate.
+    // Within the file, or with KEEP_SIZE, no byte a reader sees changes.
+    WriteGuard guard;
+    struct stat st;
+    if (mode == 0 && h->watch && off >= 0 && len > 0) {
+      if (len > std::numeric_limits<off_t>::max() - off) {
+        err = EFBIG;
+      } else if (::fstat(h->fd.get(), &st) != 0) {
+        err = errno;
+      } else if (off + len > st.st_size) {
+        guard = h->watch->BeforeTruncate(h->inode->file.role, static_cast<std::uint64_t>(off + len));
+        err = self.Admit(op);  // after the wait, right before the backing call
+      }
+    }
+    if (err == 0) {
+      self.BeforeBackingCall();
+      err = ::fallocate(h->fd.get(), mode, off, len) != 0 ? errno : self.Landed(op);
+    }
   }
   if (self.Failed(req, Op::kFallocate, err)) return;
   fuse_reply_err(req, 0);

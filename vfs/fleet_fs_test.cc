@@ -326,20 +326,57 @@ class FakeHooks final : public TenantHooks {
  public:
   class GateWatch final : public TenantWatch {
    public:
-    explicit GateWatch(FakeHooks* hooks) : hooks_(hooks) {}
-    WriteGuard BeforeWrite(FileRole, std::uint64_t, const char*, std::size_t) override {
+    GateWatch(FakeHooks* hooks, FleetFile main) : hooks_(hooks), main_(std::move(main)) {}
+    WriteGuard BeforeWrite(FileRole role, std::uint64_t off, const char*, std::size_t size) override {
+      hooks_->Record("write", role, main_, off + size);
       return hooks_->Pass();
     }
-    WriteGuard BeforeTruncate(FileRole, std::uint64_t) override { return hooks_->Pass(); }
-    WriteGuard BeforeUnlink(FileRole) override { return hooks_->Pass(); }
+    WriteGuard BeforeTruncate(FileRole role, std::uint64_t size) override {
+      hooks_->Record("truncate", role, main_, size);
+      return hooks_->Pass();
+    }
+    WriteGuard BeforeUnlink(FileRole role) override {
+      hooks_->Record("unlink", role, main_, 0);
+      return hooks_->Pass();
+    }
 
    private:
     FakeHooks* hooks_;
+    FleetFile main_;
+  };
+
+  // One hook call: what, on which file, its size or end, and the size the
+  // backing file had when the hook was called (-1: none).
+  struct Call {
+    std::string what;
+    FileRole role;
+    std::uint64_t arg;
+    std::int64_t size_then;
+    bool operator==(const Call&) const = default;
+    friend void PrintTo(const Call& c, std::ostream* out) {
+      *out << c.what << "(role " << static_cast<int>(c.role) << ", " << c.arg << ") at size "
+           << c.size_then;
+    }
   };
 
   std::shared_ptr<TenantWatch> Watch(const FleetFile& file, std::uint64_t) override {
-    if (file.key.rfind("gate", 0) == 0) return std::make_shared<GateWatch>(this);
+    FleetFile main = file;
+    main.role = FileRole::kMain;
+    if (file.key.rfind("gate", 0) == 0) return std::make_shared<GateWatch>(this, main);
     return nullptr;
+  }
+  // Where the backing directory is, so each call records the file's size then.
+  void SetBacking(std::string backing) {
+    std::lock_guard lock(mu_);
+    backing_ = std::move(backing);
+  }
+  std::vector<Call> calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+  void ClearCalls() {
+    std::lock_guard lock(mu_);
+    calls_.clear();
   }
   void Prepare(const FleetFile& main, std::uint64_t epoch, std::function<void(int)> done) override {
     {
@@ -400,7 +437,19 @@ class FakeHooks final : public TenantHooks {
     return WriteGuard();
   }
 
-  std::mutex mu_;  // guards the four below
+  void Record(std::string what, FileRole role, const FleetFile& main, std::uint64_t arg) {
+    std::lock_guard lock(mu_);
+    std::string path = backing_ + "/" + main.main_path;
+    if (role == FileRole::kWal) path += "-wal";
+    if (role == FileRole::kJournal) path += "-journal";
+    struct stat st;
+    const std::int64_t size = ::stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+    calls_.push_back(Call{std::move(what), role, arg, size});
+  }
+
+  std::mutex mu_;  // guards the six below
+  std::string backing_;
+  std::vector<Call> calls_;
   std::vector<std::function<void(int)>> held_;
   std::vector<std::string> prepared_;
   std::vector<std::pair<std::string, std::uint64_t>> prepared_at_;
@@ -409,7 +458,10 @@ class FakeHooks final : public TenantHooks {
 
 class FleetFsHooksTest : public FleetFsTest {
  protected:
-  TenantHooks* Hooks() override { return &hooks_; }
+  TenantHooks* Hooks() override {
+    hooks_.SetBacking((root_ / "backing").string());
+    return &hooks_;
+  }
   int MaxThreads() override { return 2; }
   FakeHooks hooks_;
 };
@@ -936,6 +988,78 @@ TEST_F(FleetFsTest, a_create_that_landed_after_the_lease_end_is_refused_and_remo
   EXPECT_EQ(estale, 1u) << "the create did not reach the backing call inside the lease";
   EXPECT_FALSE(std::filesystem::exists(Backing("acme")))
       << "the file made after the lease end was left in the backing directory";
+}
+
+// ---- issue 10 item 5: every change the kernel can make is seen first ----
+
+// The file at `path` made through the mount, holding `size` bytes.
+void MakeThroughMount(const std::string& path, std::size_t size) {
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  std::string bytes(size, 'c');
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(size));
+  ::close(fd);
+}
+
+TEST_F(FleetFsHooksTest, an_open_with_o_trunc_of_the_main_file_wal_or_journal_is_a_truncate_seen_first) {
+  const std::string main = Mounted("gate-trunc");
+  MakeThroughMount(main, 8192);
+  MakeThroughMount(main + "-wal", 4096 + 32);
+  MakeThroughMount(main + "-journal", 512);
+  using Call = FakeHooks::Call;
+  struct Case {
+    std::string path;
+    int flags;
+    FileRole role;
+    std::int64_t size_before;
+  };
+  for (const Case& c : {Case{main + "-wal", O_RDWR | O_TRUNC, FileRole::kWal, 4096 + 32},
+                        Case{main + "-journal", O_WRONLY | O_TRUNC, FileRole::kJournal, 512},
+                        Case{main, O_RDWR | O_TRUNC, FileRole::kMain, 8192}}) {
+    hooks_.ClearCalls();
+    int fd = ::open(c.path.c_str(), c.flags);
+    ASSERT_GE(fd, 0) << c.path << ": " << std::strerror(errno);
+    ::close(fd);
+    // The hook came before the file changed: it saw the old size.
+    EXPECT_EQ(hooks_.calls(), std::vector<Call>{(Call{"truncate", c.role, 0, c.size_before})})
+        << c.path;
+    struct stat st;
+    ASSERT_EQ(::stat(c.path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, 0) << c.path;
+  }
+}
+
+TEST_F(FleetFsHooksTest, an_open_read_only_with_o_trunc_truncates_as_a_local_file_system_does) {
+  const std::string main = Mounted("gate-rdonly");
+  MakeThroughMount(main, 4096);
+  hooks_.ClearCalls();
+  int fd = ::open(main.c_str(), O_RDONLY | O_TRUNC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::close(fd);
+  EXPECT_EQ(hooks_.calls(),
+            std::vector<FakeHooks::Call>{(FakeHooks::Call{"truncate", FileRole::kMain, 0, 4096})});
+  EXPECT_EQ(std::filesystem::file_size(Backing("gate-rdonly")), 0u);
+}
+
+TEST_F(FleetFsHooksTest, an_allocate_that_grows_a_file_is_a_size_change_seen_first) {
+  const std::string main = Mounted("gate-alloc");
+  MakeThroughMount(main, 4096);
+  int fd = ::open(main.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  hooks_.ClearCalls();
+  // Within the file, or keeping the size: nothing a reader sees changes.
+  EXPECT_EQ(::fallocate(fd, 0, 0, 4096), 0) << std::strerror(errno);
+  EXPECT_EQ(::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 65536), 0) << std::strerror(errno);
+  EXPECT_TRUE(hooks_.calls().empty());
+  // Past the end: a size change, seen before the file grew.
+  EXPECT_EQ(::fallocate(fd, 0, 4096, 12288), 0) << std::strerror(errno);
+  EXPECT_EQ(hooks_.calls(),
+            std::vector<FakeHooks::Call>{(FakeHooks::Call{"truncate", FileRole::kMain, 16384, 4096})});
+  EXPECT_EQ(std::filesystem::file_size(Backing("gate-alloc")), 16384u);
+  // Changing bytes in place is still refused.
+  EXPECT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ::close(fd);
 }
 
 }  // namespace

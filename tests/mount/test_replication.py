@@ -434,6 +434,85 @@ class Replication(MountTest):
         r = cli("replica", "verify", tenant, "--replica", self.replica)
         self.assertEqual(r.returncode, 0, r.stderr)
 
+    # 8. Issue 10 item 6: journal_mode OFF leaves no transaction's end on disk.
+    def test_journal_mode_off_is_never_shipped_torn_and_the_status_says_why(self):
+        tenant = tenants_in(0, 16383, 1, prefix="off")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "delete")
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        for i in range(10):
+            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(500))", (i,))
+        self.wait_shipped(a)
+        before = a.status()["replication"]
+        db.execute("PRAGMA journal_mode=OFF")
+        db.execute("BEGIN")
+        for i in range(10, 400):  # many pages, written with no journal
+            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(2000))", (i,))
+        db.execute("COMMIT")
+        wait_for(lambda: a.status()["replication"]["tenants_unshippable"] == 1, 10,
+                 "the tenant counted as unshippable", on_fail=a.log_tail)
+        self.assertEqual(a.status()["replication"]["unshippable_example"], rel)
+        self.assertIn(rel, a.log())
+        self.assertIn("journal_mode OFF or MEMORY", a.log())
+        text = cli("status", a.mount).stdout
+        self.assertIn(f"NOT REPLICATED: {rel}", text)
+        self.assertIn("journal_mode OFF or MEMORY", text)
+        code, body = a.http("/health")
+        self.assertEqual(code, 200)
+        self.assertIn(f"warning: 1 tenant(s) not replicated ({rel})", body)
+        self.assertIn("fleetfs_replication_unshippable_tenants 1\n", a.http("/metrics")[1])
+        time.sleep(SYNC_S * 5)  # rounds run; none may ship it
+        after = a.status()["replication"]
+        self.assertEqual((after["snapshots"], after["segments"]),
+                         (before["snapshots"], before["segments"]),
+                         "something of an unshippable tenant was shipped")
+        out = os.path.join(self.root, "off.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(rows(out), (set(range(10)), "ok"))
+        # A commit with a journal again: it ships, from a fresh snapshot.
+        db.execute("PRAGMA journal_mode=DELETE")
+        db.execute("INSERT INTO t(id, pad) VALUES (1000, x'00')")
+        db.close()
+        wait_for(lambda: a.status()["replication"]["tenants_unshippable"] == 0, 10,
+                 "the tenant shippable again", on_fail=a.log_tail)
+        self.wait_shipped(a)
+        self.assertGreater(a.status()["replication"]["snapshots"], before["snapshots"])
+        self.assertEqual(a.http("/health"), (200, "ok\n"))
+        out = os.path.join(self.root, "on.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(rows(out), (set(range(400)) | {1000}, "ok"))
+        r = cli("replica", "verify", tenant, "--replica", self.replica)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    # 9. Issue 10 item 5: an O_TRUNC of the WAL through the mount is the last
+    # moment to capture its commits, as a truncate is.
+    def test_an_open_with_o_trunc_of_the_wal_captures_its_commits_first(self):
+        tenant = tenants_in(0, 16383, 1, prefix="otrunc")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        path = os.path.join(a.mount, rel)
+        self.wait_shipped(a)  # a generation of this run: later commits go in segments
+        # Commits, then at once (well within a sync interval) a read-only
+        # open with O_TRUNC empties their log, and the writer dies without a
+        # checkpoint: the capture the truncate waits for is their only copy.
+        script = (
+            "import os, signal, sqlite3\n"
+            f"db = sqlite3.connect({path!r}, isolation_level=None)\n"
+            "db.execute('PRAGMA wal_autocheckpoint=0')\n"
+            "for i in range(20):\n"
+            "    db.execute('INSERT INTO t(id, pad) VALUES (?, x\\'00\\')', (i,))\n"
+            f"os.close(os.open({path + '-wal'!r}, os.O_RDONLY | os.O_TRUNC))\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+        r = subprocess.run(["python3", "-c", script], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, -signal.SIGKILL, r.stderr)
+        self.assertEqual(os.path.getsize(path + "-wal"), 0)
+        self.assertEqual(a.stop(), 0)  # ships what was captured
+        out = os.path.join(self.root, "otrunc.db")
+        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(rows(out), (set(range(20)), "ok"),
+                         "the commits the O_TRUNC removed were never captured")
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,544 @@
+#include "fleet/replica/capture.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "fleet/unique_fd.h"
+
+namespace fleetfs::replica {
+namespace {
+
+// Captured transactions kept in memory while the destination does not take
+// them; beyond this they are dropped and the next generation starts with a
+// snapshot (a gap), so memory stays bounded and nothing committed is lost
+// locally.
+constexpr std::uint64_t kMaxCapturedBytes = 256ull << 20;
+constexpr std::uint8_t kJournalMagic[8] = {0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7};
+// Database header bytes 18 and 19 (the file format write and read versions):
+// 2 in WAL mode, 1 in rollback-journal modes.
+constexpr std::uint64_t kDbVersionOffset = 18;
+constexpr std::uint8_t kDbVersionWal = 2;
+
+std::uint32_t Be32(const void* p) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
+         b[3];
+}
+
+std::string MarkerName(const FleetFile& main) {
+  std::string m = main.main_path;
+  std::replace(m.begin(), m.end(), '/', '-');
+  return m;
+}
+
+// Page size from a database header (bytes 16-17; 1 means 65536).
+std::uint32_t DbPageSize(int fd) {
+  std::uint8_t h[2];
+  if (::pread(fd, h, 2, 16) != 2) return 4096;
+  std::uint32_t v = (std::uint32_t{h[0]} << 8) | h[1];
+  if (v == 1) return 65536;
+  if (v < 512 || (v & (v - 1)) != 0) return 4096;
+  return v;
+}
+
+}  // namespace
+
+Capture::Capture(CaptureOptions options, FleetFile main)
+    : o_(std::move(options)), main_(std::move(main)) {
+  // What is on disk now: a WAL in use, or a hot journal left by a crash.
+  struct stat st;
+  wal_exists_ = ::fstatat(o_.root, (main_.main_path + "-wal").c_str(), &st, 0) == 0;
+  UniqueFd j(::openat(o_.root, (main_.main_path + "-journal").c_str(), O_RDONLY | O_CLOEXEC));
+  std::uint8_t magic[8] = {};
+  journal_hot_ = j.valid() && ::pread(j.get(), magic, 8, 0) == 8 &&
+                 std::memcmp(magic, kJournalMagic, 8) == 0;
+}
+
+// ---- the hooks ----
+
+WriteGuard Capture::BeforeWrite(FileRole role, std::uint64_t off, const char* data,
+                                std::size_t size) {
+  if (role == FileRole::kJournal && off == 0 && size >= 8 &&
+      std::memcmp(data, kJournalMagic, 8) == 0) {
+    // A transaction begins: it waits while a snapshot is wanted, before it
+    // takes the gate, so the snapshot can take the gate once it ends.
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !want_snapshot_; });
+      if (!journal_hot_) dirty_.clear();
+      journal_hot_ = true;
+      NoteWriteLocked();
+    }
+    gate_.LockShared();
+    return WriteGuard(&gate_, {});
+  }
+  gate_.LockShared();
+  std::unique_lock lock(mu_);
+  NoteWriteLocked();
+  switch (role) {
+    case FileRole::kMain:
+      if (journal_hot_) {
+        dirty_.emplace_back(off, size);
+      } else if (!wal_exists_) {
+        UnjournaledWriteLocked(off, data, size);
+      }
+      return WriteGuard(&gate_, {});
+    case FileRole::kWal:
+      wal_exists_ = true;
+      if (off == 0) {
+        // A new log header: a restart (or the first). The last moment to
+        // capture the old log's commits; the write waits, and the capture
+        // lock is held until it lands so no reader sees half of it.
+        lock.unlock();
+        std::unique_lock capture(capture_mu_);
+        CaptureWal();
+        lock.lock();
+        commit_seen_.clear();  // what is left belongs to no commit
+        PublishLocked();
+        if (size >= wal::kHeaderSize) wal_page_size_ = Be32(data + 8);
+        return WriteGuard(&gate_, std::move(capture));
+      }
+      if (wal_page_size_ == 0) LearnWalPageSize();
+      if (wal_page_size_ != 0 && off >= wal::kHeaderSize && size >= 8 &&
+          (off - wal::kHeaderSize) % (wal::kFrameHeaderSize + wal_page_size_) == 0 &&
+          Be32(data + 4) != 0) {
+        commit_seen_.emplace(off, o_.wall->NowMs());  // the commit time, for point-in-time
+        PublishLocked();
+      }
+      return WriteGuard(&gate_, {});
+    case FileRole::kJournal:
+      if (off == 0 && size >= 8 && std::all_of(data, data + 8, [](char c) { return c == 0; })) {
+        FinishJournalLocked();  // PERSIST: a zeroed header is the commit
+      }
+      return WriteGuard(&gate_, {});
+    default:
+      return WriteGuard(&gate_, {});
+  }
+}
+
+WriteGuard Capture::BeforeTruncate(FileRole role, std::uint64_t size) {
+  gate_.LockShared();
+  if (role == FileRole::kWal) {
+    std::unique_lock capture(capture_mu_);
+    CaptureWal();
+    std::lock_guard lock(mu_);
+    NoteWriteLocked();
+    if (size == 0) {
+      cursor_ = {};
+      commit_seen_.clear();
+      PublishLocked();
+    }
+    return WriteGuard(&gate_, std::move(capture));
+  }
+  std::unique_lock lock(mu_);
+  NoteWriteLocked();
+  if (role == FileRole::kJournal && size == 0) FinishJournalLocked();  // TRUNCATE mode
+  if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) need_generation_ = true;
+  return WriteGuard(&gate_, {});
+}
+
+WriteGuard Capture::BeforeUnlink(FileRole role) {
+  gate_.LockShared();
+  if (role == FileRole::kWal) {
+    std::unique_lock capture(capture_mu_);
+    CaptureWal();
+    std::lock_guard lock(mu_);
+    cursor_ = {};
+    commit_seen_.clear();
+    PublishLocked();
+    wal_exists_ = false;
+    wal_page_size_ = 0;
+    return WriteGuard(&gate_, std::move(capture));
+  }
+  std::unique_lock lock(mu_);
+  if (role == FileRole::kJournal) FinishJournalLocked();  // DELETE mode
+  return WriteGuard(&gate_, {});
+}
+
+// ---- for the shipper ----
+
+CaptureScan Capture::Scan() {
+  {
+    std::lock_guard capture(capture_mu_);
+    CaptureWal();
+  }
+  std::lock_guard lock(mu_);
+  CaptureScan s;
+  s.has_captured = !captured_.empty();
+  s.gap = need_generation_;
+  s.unshipped = marker_present_;
+  s.unshippable = unshippable_;
+  s.writes = writes_seen_;
+  s.quiet = writes_seen_ == writes_last_scan_;
+  writes_last_scan_ = writes_seen_;
+  return s;
+}
+
+bool Capture::SettleIdle(const CaptureScan& scan) {
+  std::lock_guard lock(mu_);
+  if (writes_seen_ != scan.writes) return false;  // written since the scan: another round
+  if (scan.quiet && !commit_seen_.empty()) {
+    // A commit frame whose chain never became valid, with no write for a
+    // whole round: a writer that died mid-commit. It never commits.
+    commit_seen_.clear();
+    PublishLocked();
+  }
+  if (!journal_hot_ && commit_seen_.empty() && !need_generation_ && captured_.empty()) {
+    RemoveMarkerLocked();
+  }
+  return !marker_present_ || !need_generation_;
+}
+
+bool Capture::SettleShipped(const CaptureScan& scan) {
+  std::lock_guard lock(mu_);
+  if (captured_.empty() && !need_generation_ && writes_seen_ == scan.writes && !journal_hot_ &&
+      commit_seen_.empty()) {
+    RemoveMarkerLocked();
+    return true;
+  }
+  return captured_.empty() && !need_generation_;
+}
+
+bool Capture::HasShippable() {
+  std::lock_guard lock(mu_);
+  return !captured_.empty() && shippable_ > 0;
+}
+
+std::vector<Txn> Capture::Take() {
+  std::lock_guard lock(mu_);
+  const std::size_t n = std::min(captured_.size(), shippable_);
+  std::vector<Txn> txns(std::make_move_iterator(captured_.begin()),
+                        std::make_move_iterator(captured_.begin() + static_cast<std::ptrdiff_t>(n)));
+  captured_.erase(captured_.begin(), captured_.begin() + static_cast<std::ptrdiff_t>(n));
+  if (shippable_ != SIZE_MAX) shippable_ -= n;
+  for (const Txn& t : txns) captured_bytes_ -= t.Bytes();
+  // Not published: until Shipped or Return, the lag still counts them.
+  return txns;
+}
+
+void Capture::Return(std::vector<Txn> txns) {
+  std::lock_guard lock(mu_);
+  for (auto it = txns.rbegin(); it != txns.rend(); ++it) {
+    captured_bytes_ += it->Bytes();
+    captured_.push_front(std::move(*it));
+  }
+  if (shippable_ != SIZE_MAX) shippable_ += txns.size();
+  PublishLocked();
+}
+
+void Capture::Shipped() {
+  std::lock_guard lock(mu_);
+  PublishLocked();
+}
+
+void Capture::MarkGap() {
+  std::lock_guard lock(mu_);
+  MarkGapLocked(0);
+}
+
+void Capture::ClearGap(std::uint64_t gap_mark) {
+  std::lock_guard lock(mu_);
+  if (gaps_ != gap_mark) return;  // a gap after the copy: the next shipment is a snapshot again
+  need_generation_ = false;
+  shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them
+}
+
+void Capture::MarkUnshipped() {
+  std::lock_guard lock(mu_);
+  marker_present_ = true;
+  unshipped_.store(true);
+}
+
+void Capture::Drop() {
+  std::lock_guard lock(mu_);
+  captured_.clear();
+  captured_bytes_ = 0;
+  PublishLocked();
+  RemoveMarkerLocked();
+}
+
+void Capture::Reset() {
+  std::lock_guard capture(capture_mu_);
+  std::lock_guard lock(mu_);
+  cursor_ = {};
+  commit_seen_.clear();
+  captured_.clear();
+  captured_bytes_ = 0;
+  journal_hot_ = false;
+  dirty_.clear();
+  wal_exists_ = false;
+  wal_page_size_ = 0;
+  MarkGapLocked(0);
+  unshippable_ = false;  // another file: its own writes tell its mode
+  unshippable_pub_.store(false);
+  cv_.notify_all();
+  RemoveMarkerLocked();
+}
+
+Result<Capture::SnapshotHold> Capture::HoldForSnapshot(Millis journal_wait) {
+  auto refused = [&](std::string why) {
+    want_snapshot_ = false;
+    cv_.notify_all();
+    return Status(Code::kFailedPrecondition, std::move(why));
+  };
+  const std::string unshippable =
+      main_.main_path + " is written with no journal on disk and not in WAL mode (journal_mode "
+                        "OFF or MEMORY): a snapshot could be torn, so none is taken";
+  {
+    std::unique_lock lock(mu_);
+    if (unshippable_) return refused(unshippable);
+    want_snapshot_ = true;
+    // Short: the shipping thread serves every tenant, and a hot journal left
+    // by a writer that died stays hot until the next opener rolls it back.
+    if (!cv_.wait_for(lock, journal_wait, [&] { return !journal_hot_; })) {
+      return refused("a transaction on " + main_.main_path +
+                     " is open (or its journal is hot); the snapshot waits for the next round");
+    }
+  }
+  // Every write to the main file and its WAL waits from here until the hold
+  // ends, so the copy is one consistent state.
+  gate_.Lock();
+  std::unique_lock capture(capture_mu_);
+  CaptureWal();
+  std::unique_lock lock(mu_);
+  if (unshippable_) {
+    // Written so between the wait and the gate.
+    Status st = refused(unshippable);
+    lock.unlock();
+    capture.unlock();
+    gate_.Unlock();
+    return st;
+  }
+  return SnapshotHold(this, std::move(capture), gaps_);
+}
+
+Capture::SnapshotHold::SnapshotHold(SnapshotHold&& other) noexcept
+    : c_(other.c_), capture_(std::move(other.capture_)), gap_mark_(other.gap_mark_) {
+  other.c_ = nullptr;
+}
+
+Capture::SnapshotHold::~SnapshotHold() {
+  if (c_ == nullptr) return;
+  {
+    std::lock_guard lock(c_->mu_);
+    c_->want_snapshot_ = false;
+    c_->cv_.notify_all();
+  }
+  capture_.unlock();
+  c_->gate_.Unlock();
+}
+
+std::vector<Txn> Capture::SnapshotHold::TakeCaptured() {
+  std::lock_guard lock(c_->mu_);
+  std::vector<Txn> txns(std::make_move_iterator(c_->captured_.begin()),
+                        std::make_move_iterator(c_->captured_.end()));
+  c_->captured_.clear();
+  c_->captured_bytes_ = 0;
+  if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
+  c_->PublishLocked();
+  return txns;
+}
+
+void Capture::SnapshotHold::CaptureFailed() {
+  std::lock_guard lock(c_->mu_);
+  c_->MarkGapLocked(c_->captured_.size());
+  if (c_->o_.on_failure) c_->o_.on_failure();
+}
+
+// ---- inside ----
+
+void Capture::NoteWriteLocked() {
+  ++writes_seen_;
+  if (!marker_present_) {
+    std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main_);
+    UniqueFd fd(::openat(o_.root, marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd.valid()) spdlog::warn("replica: cannot mark {} unshipped: {}", main_.main_path, std::strerror(errno));
+    marker_present_ = true;
+    unshipped_.store(true);
+  }
+}
+
+// Publishes the numbers Stats() and LagSeconds() read without mu_: called
+// after every change of captured_ or commit_seen_, with mu_ held.
+void Capture::PublishLocked() {
+  WallMs o = 0;
+  if (!captured_.empty()) o = captured_.front().commit_ms;
+  if (!commit_seen_.empty() && (o == 0 || commit_seen_.begin()->second < o)) {
+    o = commit_seen_.begin()->second;
+  }
+  oldest_pending_ms_.store(o);
+}
+
+// A capture could not read what it had to (no descriptor, an I/O error):
+// what it missed would be a hole in the replica, so the next shipment
+// starts a new generation with a snapshot. Called with mu_ held.
+void Capture::CaptureFailedLocked(std::string_view what, const std::string& why) {
+  spdlog::error("replica: capturing the {} of {} failed: {}; its next shipment starts a new "
+                "generation with a snapshot",
+                what, main_.main_path, why);
+  // What was captured before the failure still belongs to the generation.
+  MarkGapLocked(captured_.size());
+  if (o_.on_failure) o_.on_failure();
+}
+
+// Called with mu_ held. Of what is captured now, the first `keep` may still
+// go into the current generation; nothing captured later does.
+void Capture::MarkGapLocked(std::size_t keep) {
+  need_generation_ = true;
+  ++gaps_;
+  shippable_ = std::min({shippable_, keep, captured_.size()});
+}
+
+void Capture::RemoveMarkerLocked() {
+  if (!marker_present_) return;
+  std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main_);
+  ::unlinkat(o_.root, marker.c_str(), 0);
+  marker_present_ = false;
+  unshipped_.store(false);
+}
+
+void Capture::LearnWalPageSize() {
+  UniqueFd fd(::openat(o_.root, (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
+  std::uint8_t h[wal::kHeaderSize];
+  if (fd.valid() && ::pread(fd.get(), h, sizeof h, 0) == static_cast<ssize_t>(sizeof h)) {
+    if (auto header = wal::ParseHeader(h, sizeof h)) wal_page_size_ = header->page_size;
+  }
+}
+
+void Capture::PushLocked(Txn txn) {
+  if (unshippable_) {
+    // A commit with a journal or a WAL: transactions' ends are on disk again.
+    // The gap marked on entry makes the next shipment a fresh snapshot.
+    unshippable_ = false;
+    unshippable_pub_.store(false);
+    spdlog::warn("replica: {} committed with a journal or WAL again; it ships again, starting "
+                 "with a snapshot",
+                 main_.main_path);
+  }
+  captured_bytes_ += txn.Bytes();
+  captured_.push_back(std::move(txn));
+  if (captured_bytes_ > kMaxCapturedBytes) {
+    spdlog::warn("replica: {} has {} MiB of commits the destination has not taken; dropping "
+                 "them, the next generation starts with a snapshot",
+                 main_.main_path, captured_bytes_ >> 20);
+    captured_.clear();
+    captured_bytes_ = 0;
+    MarkGapLocked(0);
+  }
+  PublishLocked();
+}
+
+// Reads the commits the log holds after the cursor. Called with capture_mu_
+// held and mu_ not: the log is read without blocking the writes that only
+// note a commit time.
+void Capture::CaptureWal() {
+  UniqueFd fd(::openat(o_.root, (main_.main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return;  // no log: nothing to capture
+    const int err = errno;
+    std::lock_guard lock(mu_);
+    CaptureFailedLocked("WAL", std::string("opening it: ") + std::strerror(err));
+    return;
+  }
+  auto read = wal::ReadCommitted(fd.get(), cursor_);
+  if (!read.ok()) {
+    std::lock_guard lock(mu_);
+    CaptureFailedLocked("WAL", read.status().message());
+    return;
+  }
+  std::lock_guard lock(mu_);
+  const WallMs now = o_.wall->NowMs();
+  for (auto& c : read->txns) {
+    Txn t;
+    auto seen = commit_seen_.find(c.commit_frame_offset);
+    t.commit_ms = seen != commit_seen_.end() ? seen->second : now;
+    t.db_size = std::uint64_t{c.db_pages} * c.page_size;
+    for (auto& [pgno, data] : c.pages) {
+      t.writes.push_back(PageWrite{std::uint64_t{pgno - 1} * c.page_size, std::move(data)});
+    }
+    commit_seen_.erase(commit_seen_.begin(), commit_seen_.upper_bound(c.commit_frame_offset));
+    PushLocked(std::move(t));
+  }
+  PublishLocked();
+}
+
+// The journal is finished: the main file's written ranges are the commit.
+void Capture::FinishJournalLocked() {
+  if (!journal_hot_) return;
+  journal_hot_ = false;
+  cv_.notify_all();
+  UniqueFd fd(::openat(o_.root, main_.main_path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st;
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
+    const int err = errno;
+    dirty_.clear();
+    CaptureFailedLocked("journaled commit", std::string("reading the main file: ") +
+                                                std::strerror(err));
+    return;
+  }
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t page = DbPageSize(fd.get());
+  std::vector<std::uint64_t> pages;
+  for (auto [off, len] : dirty_) {
+    for (std::uint64_t p = off / page; p * page < off + len; ++p) pages.push_back(p);
+  }
+  dirty_.clear();
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  Txn t;
+  t.commit_ms = o_.wall->NowMs();
+  t.db_size = size;
+  for (std::uint64_t p : pages) {
+    if (p * page >= size) continue;
+    PageWrite w{p * page, std::string(std::min<std::uint64_t>(page, size - p * page), '\0')};
+    if (::pread(fd.get(), w.data.data(), w.data.size(), static_cast<off_t>(w.offset)) !=
+        static_cast<ssize_t>(w.data.size())) {
+      CaptureFailedLocked("journaled commit", std::string("reading the main file: ") +
+                                                  std::strerror(errno));
+      return;
+    }
+    t.writes.push_back(std::move(w));
+  }
+  PushLocked(std::move(t));
+}
+
+// Neither journaled nor in a WAL. In WAL mode (a checkpoint whose log is
+// gone, say) the next ship is a snapshot, as before; otherwise journal_mode
+// is OFF or MEMORY and no transaction's end can be seen: unshippable.
+void Capture::UnjournaledWriteLocked(std::uint64_t offset, const char* data, std::size_t size) {
+  if (unshippable_) return;
+  if (InWalMode(offset, data, size)) {
+    need_generation_ = true;
+    return;
+  }
+  unshippable_ = true;
+  unshippable_pub_.store(true);
+  // What was captured before still belongs to the generation; nothing after.
+  MarkGapLocked(captured_.size());
+  spdlog::error("replica: {} was written with no journal on disk and not in WAL mode "
+                "(journal_mode OFF or MEMORY): no transaction's end is visible, so a copy could "
+                "be torn; nothing of it is shipped until it commits with a journal or WAL, then "
+                "it ships from a fresh snapshot",
+                main_.main_path);
+}
+
+// Header bytes 18 and 19, from the write itself when it covers them, else
+// from the file. A header that cannot be read is not WAL's.
+bool Capture::InWalMode(std::uint64_t offset, const char* data, std::size_t size) const {
+  std::uint8_t v[2];
+  if (offset <= kDbVersionOffset && offset + size >= kDbVersionOffset + 2) {
+    std::memcpy(v, data + (kDbVersionOffset - offset), 2);
+  } else {
+    UniqueFd fd(::openat(o_.root, main_.main_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid() || ::pread(fd.get(), v, 2, kDbVersionOffset) != 2) return false;
+  }
+  return v[0] == kDbVersionWal && v[1] == kDbVersionWal;
+}
+
+}  // namespace fleetfs::replica

@@ -1,0 +1,218 @@
+// Capture: one tenant's changes, as the mount reports them before they reach
+// the disk, turned into the committed transactions replication ships
+// (DESIGN section 5). The shipper (fleet/replicator.cc) takes what is
+// captured; it never reads a tenant's files to find commits itself.
+//
+// WAL mode. A tenant's committed WAL frames are read (validated as SQLite's
+// recovery does) when the shipper asks (Scan), and at the last moment they
+// can be: before a WAL restart (a header written at offset 0), truncation or
+// delete, which wait meanwhile.
+//
+// Rollback-journal mode. The byte ranges of the main file written while a
+// journal is hot are read back when the journal is finished (deleted,
+// truncated to 0 or its header zeroed): that is the commit (or a rollback,
+// which ships the old pages back).
+//
+// Gaps. A capture that could not read what it had to (an I/O error, no
+// descriptor), too much captured for the destination to take, or a shipper
+// that lost its place marks a gap: the next shipment is a snapshot, and what
+// was captured after the gap never goes into the generation before it.
+//
+// Journal mode OFF or MEMORY. A main-file write with no hot journal while the
+// database is not in WAL mode (header bytes 18 and 19 are 2 in WAL mode)
+// leaves nothing on disk that marks a transaction's end, so any copy could be
+// torn. The tenant is then *unshippable*: logged once (naming the tenant and
+// the rule), counted in Stats, and neither a snapshot nor a segment of it is
+// shipped. It may ship again once a commit is seen with a journal or a WAL
+// (a journal finished, or committed WAL frames); the gap marked on entry
+// makes that next shipment a fresh snapshot taken under the write gate, and
+// nothing captured in between goes into the old generation.
+//
+// The write gate. Every change the hooks let through holds the tenant's gate
+// shared until it landed; a snapshot holds it alone (HoldForSnapshot) while
+// it copies, so the copy is one consistent state. A transaction that begins
+// (a journal header written) waits while a snapshot is wanted.
+//
+// Thread-safety: every method is safe from any thread. The hooks are called
+// from FUSE threads at once; the shipper's calls come from its thread. Lock
+// order: the gate, then capture_mu_ (the WAL cursor), then mu_ (everything
+// else). unshipped(), unshippable() and oldest_pending_ms() read atomics and
+// never wait, so the agent's loop may call them during a snapshot.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fleet/clock.h"
+#include "fleet/layout.h"
+#include "fleet/replica_object.h"
+#include "fleet/status.h"
+#include "fleet/tenant_hooks.h"
+#include "fleet/wal_format.h"
+
+namespace fleetfs::replica {
+
+// Under the backing directory: one empty file per tenant with commits not yet
+// shipped, so an agent that restarts after a crash ships them.
+inline constexpr std::string_view kUnshippedMarkerDir = ".fleetfs/unshipped";
+
+struct CaptureOptions {
+  int root = -1;                    // the backing directory; must outlive the capture
+  const WallClock* wall = nullptr;  // commit times; must outlive the capture
+  // Called once per capture that failed (each forces a snapshot), with the
+  // capture's lock held: it must only count.
+  std::function<void()> on_failure;
+};
+
+// What the shipper reads at the start of a round, in one look.
+struct CaptureScan {
+  bool has_captured = false;  // transactions wait to be taken
+  bool gap = false;           // the next shipment must be a snapshot
+  bool unshipped = false;     // the tenant's unshipped marker is set
+  bool unshippable = false;   // journal mode OFF or MEMORY: nothing of it may ship
+  bool quiet = false;         // nothing was written since the previous Scan
+  std::uint64_t writes = 0;   // changes seen, as of this scan
+};
+
+class Capture final : public TenantWatch {
+ public:
+  class SnapshotHold;
+
+  // Reads what is on disk now: a WAL in use, or a hot journal left by a crash.
+  Capture(CaptureOptions options, FleetFile main);
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+
+  // TenantWatch: before a change reaches the main file, -wal or -journal.
+  WriteGuard BeforeWrite(FileRole role, std::uint64_t offset, const char* data,
+                         std::size_t size) override;
+  WriteGuard BeforeTruncate(FileRole role, std::uint64_t size) override;
+  WriteGuard BeforeUnlink(FileRole role) override;
+
+  const FleetFile& main() const { return main_; }
+
+  // ---- for the shipper ----
+
+  // Reads the WAL's commits not yet captured, then looks at the state once.
+  CaptureScan Scan();
+  // A round that found nothing to ship: forgets commit frames whose chain
+  // never became valid when nothing was written for a whole round (a writer
+  // that died mid-commit), and removes the unshipped marker when nothing is
+  // pending. True when nothing is left to ship.
+  bool SettleIdle(const CaptureScan& scan);
+  // After a shipment: removes the marker when nothing is pending and nothing
+  // was written since `scan`. True when nothing is left to ship.
+  bool SettleShipped(const CaptureScan& scan);
+  // True when Take would return something.
+  bool HasShippable();
+  // Takes, oldest first, the captured transactions that may go into the
+  // current generation (none captured after a gap). The lag still counts
+  // them until Shipped or Return.
+  std::vector<Txn> Take();
+  // Their upload failed: back in front, in order.
+  void Return(std::vector<Txn> txns);
+  // Their upload landed.
+  void Shipped();
+  // The next shipment must be a snapshot, and nothing captured so far goes
+  // into the current generation.
+  void MarkGap();
+  // A snapshot copied when the gap count was `gap_mark` is at the
+  // destination: the gap is filled, unless another was marked since.
+  void ClearGap(std::uint64_t gap_mark);
+  // An earlier run left this tenant's marker: it has commits not yet shipped.
+  void MarkUnshipped();
+  // The tenant was deleted: what is captured is dropped, the marker removed.
+  void Drop();
+  // The main file was replaced (a restore): everything is forgotten, and the
+  // next shipment is a snapshot.
+  void Reset();
+  // Waits (at most `journal_wait`) for an open transaction to end, then holds
+  // the write gate alone and captures the WAL: the tenant's files do not
+  // change until the hold ends. kFailedPrecondition when a transaction stays
+  // open or the tenant is unshippable.
+  Result<SnapshotHold> HoldForSnapshot(Millis journal_wait);
+
+  // Read without a lock.
+  bool unshipped() const { return unshipped_.load(); }
+  bool unshippable() const { return unshippable_pub_.load(); }
+  WallMs oldest_pending_ms() const { return oldest_pending_ms_.load(); }
+
+ private:
+  void NoteWriteLocked();
+  void PublishLocked();
+  void CaptureFailedLocked(std::string_view what, const std::string& why);
+  void MarkGapLocked(std::size_t keep);
+  void RemoveMarkerLocked();
+  void LearnWalPageSize();
+  void PushLocked(Txn txn);
+  void CaptureWal();
+  void FinishJournalLocked();
+  // A main-file write at `offset` with no hot journal and no WAL.
+  void UnjournaledWriteLocked(std::uint64_t offset, const char* data, std::size_t size);
+  bool InWalMode(std::uint64_t offset, const char* data, std::size_t size) const;
+
+  const CaptureOptions o_;
+  const FleetFile main_;
+  WriteGate gate_;
+  std::mutex capture_mu_;  // serializes reading the WAL; guards cursor_
+  wal::WalCursor cursor_;
+
+  std::mutex mu_;               // guards everything below
+  std::condition_variable cv_;  // journal_hot_ and want_snapshot_ changes
+  std::uint32_t wal_page_size_ = 0;
+  std::map<std::uint64_t, WallMs> commit_seen_;  // commit frame offset -> first seen
+  bool wal_exists_ = false;
+  bool journal_hot_ = false;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> dirty_;
+  bool want_snapshot_ = false;
+  std::deque<Txn> captured_;
+  std::uint64_t captured_bytes_ = 0;
+  bool need_generation_ = true;
+  // While a gap is open: how many of captured_ (from the front) may still go
+  // into the current generation; SIZE_MAX when no gap limits them.
+  std::size_t shippable_ = SIZE_MAX;
+  std::uint64_t gaps_ = 0;  // gaps marked so far
+  bool unshippable_ = false;
+  bool marker_present_ = false;
+  std::uint64_t writes_seen_ = 0;
+  std::uint64_t writes_last_scan_ = 0;
+
+  // Published under mu_, read without it.
+  std::atomic<bool> unshipped_{false};         // marker_present_
+  std::atomic<bool> unshippable_pub_{false};   // unshippable_
+  std::atomic<WallMs> oldest_pending_ms_{0};   // oldest commit not yet shipped; 0: none
+};
+
+// The write gate held alone, and the WAL cursor: nothing of the tenant
+// changes until it is destroyed. Move-only.
+class Capture::SnapshotHold {
+ public:
+  SnapshotHold(SnapshotHold&& other) noexcept;
+  SnapshotHold& operator=(SnapshotHold&&) = delete;
+  ~SnapshotHold();
+
+  // Everything captured up to now, oldest first: the snapshot covers it.
+  std::vector<Txn> TakeCaptured();
+  // The copy could not read what it needed: a capture failure (a gap).
+  void CaptureFailed();
+  // The gap count at this hold, for ClearGap once the copy is shipped.
+  std::uint64_t gap_mark() const { return gap_mark_; }
+
+ private:
+  friend class Capture;
+  SnapshotHold(Capture* c, std::unique_lock<std::mutex> capture, std::uint64_t gap_mark)
+      : c_(c), capture_(std::move(capture)), gap_mark_(gap_mark) {}
+  Capture* c_;
+  std::unique_lock<std::mutex> capture_;
+  std::uint64_t gap_mark_;
+};
+
+}  // namespace fleetfs::replica

@@ -224,6 +224,8 @@ class Replicator::Impl {
 
   AbsentKeys absent_;
   Counters counters_;
+  // Every RecordFailure; a round that sees it unchanged clears the failure.
+  std::atomic<std::uint64_t> failures_seen_{0};
   // Guards failing_ and the lag ring; taken alone, held only to copy them
   // (never across I/O, logging included).
   mutable std::mutex stats_mu_;
@@ -427,6 +429,7 @@ void Replicator::Impl::UploadLoop() {
 void Replicator::Impl::SyncAll() { (void)Round(); }
 
 bool Replicator::Impl::Round() {
+  const std::uint64_t failures_before = failures_seen_.load();
   UploadTombstones();
   std::vector<std::shared_ptr<Tenant>> all;
   {
@@ -437,18 +440,23 @@ bool Replicator::Impl::Round() {
   // unshipped anywhere. A tenant whose range is not served at this moment
   // (a lapse, or a range lost) ships what its generation can still take;
   // what it cannot ship (a generation starts only while served) keeps the
-  // round unclean.
+  // round unclean. A tenant in journal mode OFF or MEMORY is not waited for:
+  // it is not replicated at all (said loudly), and holding a stop for it
+  // would only make every range on the host lapse instead of being released.
   bool clean = true;
-  for (auto& t : all) clean = Sync(*t) && clean;
+  for (auto& t : all) {
+    const bool shipped = Sync(*t);
+    clean = (shipped || t->capture().unshippable()) && clean;
+  }
   {
     std::lock_guard lock(tenants_mu_);
     clean = clean && tombstones_.empty();
   }
-  // A failure is cleared by a real upload that lands (in Sync), or here when
-  // nothing is left to ship. Never by a probe: a full disk takes an empty
-  // probe file and refuses every real object, and clearing on the probe made
-  // /health flap every round.
-  if (clean) RecordSuccess();
+  // A failure is cleared by a real upload that lands (in Sync), or by a
+  // round in which nothing that reached the destination failed. Never by a
+  // probe: a full disk takes an empty probe file and refuses every real
+  // object, and clearing on the probe made /health flap every round.
+  if (failures_seen_.load() == failures_before) RecordSuccess();
   return clean;
 }
 
@@ -514,10 +522,21 @@ bool Replicator::Impl::Sync(Tenant& t) {
     periodic = t.gen_ && !gap && t.commits_since_snapshot_ > 0 &&
                NowMs() - t.last_snapshot_ms_ >= o_.snapshot_interval.count();
   }
-  // Journal mode OFF or MEMORY: neither a snapshot nor a segment of it ships
-  // (the capture logged why; Stats counts it) until it commits with a
-  // journal or WAL again.
-  if (scan.unshippable) return false;
+  // Journal mode OFF or MEMORY: no snapshot of it ships (the capture logged
+  // why; Stats counts it) until it commits with a journal or WAL again. The
+  // commits captured before the switch still go, as a segment of the
+  // generation they belong to: they are whole, and a crash must not lose them.
+  if (scan.unshippable) {
+    bool in_generation;
+    {
+      std::lock_guard lock(t.mu_);
+      in_generation = t.gen_.has_value() && t.gen_->epoch == epoch;
+    }
+    if (!in_generation || !t.capture().HasShippable()) return false;
+    need_gen = false;
+    periodic = false;
+    has_captured = true;
+  }
   if (!has_captured && !need_gen && !periodic) return t.capture().SettleIdle(scan);
   {
     std::lock_guard lock(t.mu_);
@@ -560,6 +579,7 @@ bool Replicator::Impl::Sync(Tenant& t) {
     return false;
   }
   RecordSuccess();
+  if (scan.unshippable) return false;  // what came after the switch waits
   return t.capture().SettleShipped(scan);
 }
 
@@ -1104,6 +1124,7 @@ void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
 
 void Replicator::Impl::RecordFailure(const Status& st) {
   ++counters_.upload_failures;
+  ++failures_seen_;
   bool changed;
   {
     std::lock_guard lock(stats_mu_);

@@ -688,6 +688,72 @@ void ReportJournaledCommit(TenantWatch& watch, std::uint64_t main_size) {
   { auto guard = watch.BeforeUnlink(FileRole::kJournal); }
 }
 
+TEST_F(ReplicatorTest, commits_captured_before_a_switch_to_journal_mode_off_still_ship) {
+  FleetFile k = Main("journal-off-late");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=DELETE");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 0, 10);
+  Start(Options());
+  auto watch = rep_->Watch(k, kEpoch);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));  // the generation starts
+  // A journaled commit is captured, then within the same interval the
+  // application turns the journal off and writes.
+  Insert(db, 10, 12);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  db.Exec("PRAGMA journal_mode=OFF");
+  {
+    std::string page(4096, 'x');
+    auto guard = watch->BeforeWrite(FileRole::kMain, 8192, page.data(), page.size());
+  }
+  ASSERT_EQ(rep_->Stats().unshippable_tenants, 1u);
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().segments, 1u) << "the commit before the switch was held back";
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  std::set<int> want;
+  for (int i = 0; i < 12; ++i) want.insert(i);
+  EXPECT_EQ(copy.Ids(), want);
+}
+
+TEST_F(ReplicatorTest, a_destination_failure_clears_once_a_round_meets_no_failure_though_a_tenant_cannot_ship) {
+  auto flaky = std::make_shared<FailingDestination>(inner_);
+  ReplicatorOptions o = Options();
+  o.destination = flaky;
+  Start(std::move(o));
+  // A tenant that can never ship: written with journal_mode=OFF.
+  FleetFile off = Main("never-ships");
+  fs::create_directories(fs::path(Backing(off)).parent_path());
+  {
+    Db db(Backing(off));
+    db.Exec("PRAGMA journal_mode=OFF");
+    db.Exec("CREATE TABLE t(x)");
+  }
+  auto off_watch = rep_->Watch(off, kEpoch);
+  {
+    std::string page(4096, 'x');
+    auto guard = off_watch->BeforeWrite(FileRole::kMain, 4096, page.data(), page.size());
+  }
+  // Another tenant's upload fails once.
+  flaky->FailEvery(Unavailable("the replica's server is down"));
+  FleetFile k = Main("ships-later");
+  PutLocal(k, std::string(4096, 'S'), kEpoch);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  ASSERT_NE(rep_->Stats().failing, "");
+  // The destination heals and the other tenant ships; later rounds have
+  // nothing to upload, and the failure does not stay.
+  flaky->Heal();
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().failing, "");
+  EXPECT_EQ(rep_->Stats().unshippable_tenants, 1u);
+}
+
 TEST_F(ReplicatorTest, a_tenant_written_with_no_journal_ships_nothing_until_a_journaled_commit) {
   FleetFile k = Main("journal-off");
   fs::create_directories(fs::path(Backing(k)).parent_path());
@@ -712,11 +778,14 @@ TEST_F(ReplicatorTest, a_tenant_written_with_no_journal_ships_nothing_until_a_jo
   ReplicationStats stats = rep_->Stats();
   EXPECT_EQ(stats.unshippable_tenants, 1u);
   EXPECT_EQ(stats.unshippable_example, k.main_path);
-  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)))
-      << "a flush called an unshippable tenant clean";
+  // A stop does not wait for it (it is not replicated at all, and waiting
+  // would make every range lapse instead of being released); it stays
+  // reported.
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   // A truncate (say VACUUM's) does not make it shippable either.
   { auto guard = watch->BeforeTruncate(FileRole::kMain, fs::file_size(Backing(k))); }
-  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)));
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().unshippable_tenants, 1u);
   stats = rep_->Stats();
   EXPECT_EQ(stats.snapshots, 1u) << "a snapshot of an unshippable tenant was shipped";
   EXPECT_EQ(stats.segments, 0u) << "a segment of an unshippable tenant was shipped";

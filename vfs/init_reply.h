@@ -12,8 +12,15 @@
 // and what the kernel offers are noted, and the flag is added to that one
 // answer when the kernel offered it. Every other message passes untouched.
 //
+// What it does not fix: the VFS itself holds a directory shared for a lookup
+// in it, so while a lookup waits for a restore, a create or unlink in that
+// bucket (which holds it exclusive) waits too, and lookups behind that
+// writer. Bounding that needs lookups that never wait for a restore (the
+// open waits instead); it is written down as an open item of issue 10.
+//
 // The handlers are safe with lookups of one directory in parallel: the inode
-// table and the negative names take their own locks.
+// table and the negative names take their own locks, and each listing opens
+// its own descriptor of the directory.
 //
 // Thread-safety: SawRequest and Patch may be called from any thread.
 #pragma once

@@ -388,5 +388,109 @@ TEST(RestoreFromLog, progress_counts_the_bytes_read_up_to_the_total) {
   EXPECT_GT(calls, 2);
 }
 
+LogHeader H(LogKind kind, std::uint64_t seq, WallMs ms) {
+  LogHeader h;
+  h.kind = kind;
+  h.seq = seq;
+  h.first_ms = h.last_ms = ms;
+  h.key = kDir;
+  return h;
+}
+
+TEST(PlanRetention, a_log_without_a_snapshot_at_or_before_the_cutoff_keeps_everything) {
+  const std::vector<LogHeader> log = {H(LogKind::kMarker, 0, 10), H(LogKind::kSnapshot, 1, 500),
+                                      H(LogKind::kSegment, 2, 600)};
+  EXPECT_TRUE(PlanRetention(log, 499).empty());
+  EXPECT_TRUE(PlanRetention({}, 499).empty());
+}
+
+TEST(PlanRetention, drops_what_precedes_the_newest_snapshot_at_or_before_the_cutoff) {
+  const std::vector<LogHeader> log = {
+      H(LogKind::kMarker, 3, 10),   H(LogKind::kSnapshot, 4, 100), H(LogKind::kSegment, 5, 150),
+      H(LogKind::kSnapshot, 6, 200), H(LogKind::kSegment, 7, 250), H(LogKind::kSnapshot, 8, 300)};
+  EXPECT_EQ(PlanRetention(log, 250), (std::vector<std::uint64_t>{3, 4, 5}));
+  // A snapshot exactly at the cutoff is the one kept.
+  EXPECT_EQ(PlanRetention(log, 200), (std::vector<std::uint64_t>{3, 4, 5}));
+  EXPECT_EQ(PlanRetention(log, 199), (std::vector<std::uint64_t>{3}));
+}
+
+TEST(PlanRetention, never_drops_the_tail) {
+  const std::vector<LogHeader> log = {H(LogKind::kSnapshot, 0, 100), H(LogKind::kSegment, 1, 150),
+                                      H(LogKind::kSnapshot, 2, 200)};
+  EXPECT_EQ(PlanRetention(log, 10000), (std::vector<std::uint64_t>{0, 1}));
+  const std::vector<LogHeader> deleted = {H(LogKind::kSnapshot, 0, 100),
+                                          H(LogKind::kTombstone, 1, 150)};
+  EXPECT_EQ(PlanRetention(deleted, 10000), (std::vector<std::uint64_t>{}));
+}
+
+TEST(PruneLog, commits_at_the_cutoff_and_just_after_it_stay_restorable) {
+  MemoryDestination dest;
+  LogBuilder log(dest);
+  log.Take(1, 50);                              // 0
+  log.Recreate(std::string(kPage, 'a'));
+  log.Snapshot(100);                            // 1
+  log.Segment({{150, 'b'}});                    // 2
+  log.Snapshot(200);                            // 3
+  log.Segment({{250, 'c'}, {251, 'd'}}, 1);     // 4: a commit at the cutoff, one just after
+  log.Snapshot(252);                            // 5
+  log.Segment({{300, 'e'}});                    // 6
+  constexpr WallMs kCutoff = 250;
+  auto removed = PruneLog(dest, kDir, kCutoff, 5);
+  ASSERT_TRUE(removed.ok()) << removed.status().message();
+  EXPECT_EQ(*removed, 3);
+  EXPECT_FALSE(dest.Peek(Path(2)).has_value());
+  EXPECT_TRUE(dest.Peek(Path(3)).has_value());
+  for (WallMs at : {kCutoff, kCutoff + 1, WallMs{252}, WallMs{300}}) {
+    auto r = Restore(dest, at);
+    ASSERT_TRUE(r.outcome.ok()) << at << ": " << r.outcome.status().message();
+    EXPECT_EQ(r.outcome->result, LogRestoreResult::kRestored);
+    EXPECT_EQ(r.file, log.StateAt(at)) << at;
+    EXPECT_EQ(r.outcome->as_of_ms, at);
+  }
+  auto newest = Restore(dest, std::nullopt);
+  ASSERT_TRUE(newest.outcome.ok());
+  EXPECT_EQ(newest.file, log.db());
+  // Before what retention keeps, a restore says so rather than guess.
+  EXPECT_EQ(Restore(dest, 199).outcome.status().code(), Code::kFailedPrecondition);
+}
+
+TEST(PruneLog, a_commit_at_the_cutoff_after_an_older_snapshot_keeps_that_snapshot) {
+  MemoryDestination dest;
+  LogBuilder log(dest);
+  log.Take(1, 50);                          // 0
+  log.Recreate(std::string(kPage, 'a'));
+  log.Snapshot(100);                        // 1
+  log.Segment({{250, 'c'}});                // 2: at the cutoff
+  log.Snapshot(251);                        // 3: just after it
+  log.Segment({{260, 'd'}});                // 4
+  ASSERT_EQ(*PruneLog(dest, kDir, 250, 5), 1);
+  auto r = Restore(dest, 250);
+  ASSERT_TRUE(r.outcome.ok()) << r.outcome.status().message();
+  EXPECT_EQ(r.file, log.StateAt(250));
+  EXPECT_EQ(r.outcome->as_of_ms, 250);
+}
+
+// Issue 10 item 7: the generations layout dropped an older owner's whole
+// generation by its last commit, though the points between that commit and
+// the new owner's first snapshot were within retention.
+TEST(PruneLog, an_older_epochs_state_stays_restorable_until_a_newer_snapshot_replaces_it) {
+  MemoryDestination dest;
+  LogBuilder log(dest);
+  log.Take(1, 50);                          // 0
+  log.Recreate(std::string(kPage, 'a'));
+  log.Snapshot(100);                        // 1
+  log.Segment({{200, 'b'}});                // 2: epoch 1's last commit
+  log.Take(2, 260);                         // 3
+  log.Segment({{270, 'c'}}, 1);             // 4
+  log.Snapshot(300);                        // 5
+  constexpr WallMs kCutoff = 250;
+  ASSERT_EQ(*PruneLog(dest, kDir, kCutoff, 5), 1);  // the marker before the snapshot only
+  for (WallMs at : {kCutoff, WallMs{269}, WallMs{270}, WallMs{299}, WallMs{300}}) {
+    auto r = Restore(dest, at);
+    ASSERT_TRUE(r.outcome.ok()) << at << ": " << r.outcome.status().message();
+    EXPECT_EQ(r.file, log.StateAt(at)) << at;
+  }
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

@@ -62,8 +62,7 @@ Result<std::vector<std::uint64_t>> ListLog(Destination& dest, std::string_view d
                                            std::optional<std::uint64_t> after) {
   auto names = dest.ListFrom(dir, after ? LogObjectName(*after) : std::string());
   if (!names.ok()) {
-    return names.status().WithContext("listing replica log " + dest.url() + "/" +
-                                      std::string(dir));
+    return names.status().WithContext("listing replica log " + dest.url() + "/" + std::string(dir));
   }
   auto seqs = ParseLogListing(*names);
   if (!seqs.ok()) {
@@ -84,7 +83,7 @@ Result<LogHeader> ReadLogHeader(Destination& dest, std::string_view dir, std::ui
 Result<LogObjectSum> ReadLogObjectSum(Destination& dest, std::string_view dir, std::uint64_t seq,
                                       std::uint64_t max_epoch) {
   std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> hash(XXH64_createState(),
-                                                                 XXH64_freeState);
+                                                                  XXH64_freeState);
   if (!hash) return Internal("out of memory for a checksum state");
   XXH64_reset(hash.get(), 0);
   const LogExpectation expected = Expect(dir, seq, max_epoch);
@@ -119,9 +118,12 @@ Result<LogObjectSum> ReadLogObjectSum(Destination& dest, std::string_view dir, s
 
 std::string_view LogRestoreResultName(LogRestoreResult r) {
   switch (r) {
-    case LogRestoreResult::kRestored: return "restored";
-    case LogRestoreResult::kNoReplica: return "no replica";
-    case LogRestoreResult::kDeleted: return "deleted";
+    case LogRestoreResult::kRestored:
+      return "restored";
+    case LogRestoreResult::kNoReplica:
+      return "no replica";
+    case LogRestoreResult::kDeleted:
+      return "deleted";
   }
   return "unknown";
 }
@@ -247,7 +249,8 @@ Result<LogRestoreOutcome> RestoreFromLog(Destination& dest, std::string_view dir
       const std::string name = ObjectName(dest, dir, h.seq);
       auto bytes = GetBounded(dest, dir, h);
       if (!bytes.ok()) return bytes.status().WithContext(name);
-      auto obj = DecodeLogObject(*bytes, LogExpectation{std::string(dir), h.seq, h.epoch, max_epoch});
+      auto obj =
+          DecodeLogObject(*bytes, LogExpectation{std::string(dir), h.seq, h.epoch, max_epoch});
       if (!obj.ok()) return obj.status().WithContext(name);
       if (obj->header != h) return DataLoss(name + ": the object changed while it was read");
       FLEETFS_RETURN_IF_ERROR(CheckChain(h, prev).WithContext(name));
@@ -260,8 +263,15 @@ Result<LogRestoreOutcome> RestoreFromLog(Destination& dest, std::string_view dir
         continue;
       }
       if (h.kind == LogKind::kTombstone) {
-        out = LogRestoreOutcome{LogRestoreResult::kDeleted, out.tail_seq, out.tail_epoch,
-                                out.tail_checksum, h.seq, h.first_ms, 0, 0, {}};
+        out = LogRestoreOutcome{LogRestoreResult::kDeleted,
+                                out.tail_seq,
+                                out.tail_epoch,
+                                out.tail_checksum,
+                                h.seq,
+                                h.first_ms,
+                                0,
+                                0,
+                                {}};
         FLEETFS_RETURN_IF_ERROR(Empty(out_fd));
         return out;
       }

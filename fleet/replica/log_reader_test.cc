@@ -103,8 +103,8 @@ std::string Path(std::uint64_t seq) { return LogObjectPath(kDir, seq); }
 
 TEST(ListLog, a_log_directory_of_the_old_layout_is_refused_with_what_to_do) {
   MemoryDestination dest;
-  ASSERT_TRUE(dest.Put(std::string(kDir) + "/e00000000000000000001-g00000000/0000000000.snap", "x")
-                  .ok());
+  ASSERT_TRUE(
+      dest.Put(std::string(kDir) + "/e00000000000000000001-g00000000/0000000000.snap", "x").ok());
   auto seqs = ListLog(dest, kDir);
   EXPECT_EQ(seqs.status().code(), Code::kFailedPrecondition);
   UniqueFd out(::memfd_create("restore", 0));
@@ -187,9 +187,9 @@ TEST(RestoreFromLog, a_point_in_time_takes_the_newest_snapshot_at_or_before_it) 
   log.Segment({{110, 'b'}, {120, 'c'}});
   log.Snapshot(130);
   log.Segment({{140, 'd'}}, 1);
-  const std::pair<WallMs, WallMs> as_of[] = {{100, 100}, {109, 100}, {110, 110}, {115, 110},
-                                             {120, 120}, {129, 120}, {130, 130}, {140, 140},
-                                             {1000, 140}};
+  const std::pair<WallMs, WallMs> as_of[] = {{100, 100}, {109, 100}, {110, 110},
+                                             {115, 110}, {120, 120}, {129, 120},
+                                             {130, 130}, {140, 140}, {1000, 140}};
   for (auto [at, expected] : as_of) {
     auto r = Restore(dest, at);
     ASSERT_TRUE(r.outcome.ok()) << at << ": " << r.outcome.status().message();
@@ -237,7 +237,6 @@ TEST(RestoreFromLog, a_tombstone_ends_the_key_and_a_later_snapshot_revives_it) {
   ASSERT_TRUE(before.outcome.ok());
   EXPECT_EQ(before.outcome->result, LogRestoreResult::kRestored);
   EXPECT_EQ(before.file, log.StateAt(150));
-
 }
 
 TEST(RestoreFromLog, a_segment_after_a_tombstone_without_a_snapshot_between_is_corruption) {
@@ -405,9 +404,9 @@ TEST(PlanRetention, a_log_without_a_snapshot_at_or_before_the_cutoff_keeps_every
 }
 
 TEST(PlanRetention, drops_what_precedes_the_newest_snapshot_at_or_before_the_cutoff) {
-  const std::vector<LogHeader> log = {
-      H(LogKind::kMarker, 3, 10),   H(LogKind::kSnapshot, 4, 100), H(LogKind::kSegment, 5, 150),
-      H(LogKind::kSnapshot, 6, 200), H(LogKind::kSegment, 7, 250), H(LogKind::kSnapshot, 8, 300)};
+  const std::vector<LogHeader> log = {H(LogKind::kMarker, 3, 10),   H(LogKind::kSnapshot, 4, 100),
+                                      H(LogKind::kSegment, 5, 150), H(LogKind::kSnapshot, 6, 200),
+                                      H(LogKind::kSegment, 7, 250), H(LogKind::kSnapshot, 8, 300)};
   EXPECT_EQ(PlanRetention(log, 250), (std::vector<std::uint64_t>{3, 4, 5}));
   // A snapshot exactly at the cutoff is the one kept.
   EXPECT_EQ(PlanRetention(log, 200), (std::vector<std::uint64_t>{3, 4, 5}));
@@ -426,14 +425,14 @@ TEST(PlanRetention, never_drops_the_tail) {
 TEST(PruneLog, commits_at_the_cutoff_and_just_after_it_stay_restorable) {
   MemoryDestination dest;
   LogBuilder log(dest);
-  log.Take(1, 50);                              // 0
+  log.Take(1, 50);  // 0
   log.Recreate(std::string(kPage, 'a'));
-  log.Snapshot(100);                            // 1
-  log.Segment({{150, 'b'}});                    // 2
-  log.Snapshot(200);                            // 3
-  log.Segment({{250, 'c'}, {251, 'd'}}, 1);     // 4: a commit at the cutoff, one just after
-  log.Snapshot(252);                            // 5
-  log.Segment({{300, 'e'}});                    // 6
+  log.Snapshot(100);                         // 1
+  log.Segment({{150, 'b'}});                 // 2
+  log.Snapshot(200);                         // 3
+  log.Segment({{250, 'c'}, {251, 'd'}}, 1);  // 4: a commit at the cutoff, one just after
+  log.Snapshot(252);                         // 5
+  log.Segment({{300, 'e'}});                 // 6
   constexpr WallMs kCutoff = 250;
   auto removed = PruneLog(dest, kDir, kCutoff, 5);
   ASSERT_TRUE(removed.ok()) << removed.status().message();
@@ -457,12 +456,12 @@ TEST(PruneLog, commits_at_the_cutoff_and_just_after_it_stay_restorable) {
 TEST(PruneLog, a_commit_at_the_cutoff_after_an_older_snapshot_keeps_that_snapshot) {
   MemoryDestination dest;
   LogBuilder log(dest);
-  log.Take(1, 50);                          // 0
+  log.Take(1, 50);  // 0
   log.Recreate(std::string(kPage, 'a'));
-  log.Snapshot(100);                        // 1
-  log.Segment({{250, 'c'}});                // 2: at the cutoff
-  log.Snapshot(251);                        // 3: just after it
-  log.Segment({{260, 'd'}});                // 4
+  log.Snapshot(100);          // 1
+  log.Segment({{250, 'c'}});  // 2: at the cutoff
+  log.Snapshot(251);          // 3: just after it
+  log.Segment({{260, 'd'}});  // 4
   ASSERT_EQ(*PruneLog(dest, kDir, 250, 5), 1);
   auto r = Restore(dest, 250);
   ASSERT_TRUE(r.outcome.ok()) << r.outcome.status().message();
@@ -476,13 +475,13 @@ TEST(PruneLog, a_commit_at_the_cutoff_after_an_older_snapshot_keeps_that_snapsho
 TEST(PruneLog, an_older_epochs_state_stays_restorable_until_a_newer_snapshot_replaces_it) {
   MemoryDestination dest;
   LogBuilder log(dest);
-  log.Take(1, 50);                          // 0
+  log.Take(1, 50);  // 0
   log.Recreate(std::string(kPage, 'a'));
-  log.Snapshot(100);                        // 1
-  log.Segment({{200, 'b'}});                // 2: epoch 1's last commit
-  log.Take(2, 260);                         // 3
-  log.Segment({{270, 'c'}}, 1);             // 4
-  log.Snapshot(300);                        // 5
+  log.Snapshot(100);             // 1
+  log.Segment({{200, 'b'}});     // 2: epoch 1's last commit
+  log.Take(2, 260);              // 3
+  log.Segment({{270, 'c'}}, 1);  // 4
+  log.Snapshot(300);             // 5
   constexpr WallMs kCutoff = 250;
   ASSERT_EQ(*PruneLog(dest, kDir, kCutoff, 5), 1);  // the marker before the snapshot only
   for (WallMs at : {kCutoff, WallMs{269}, WallMs{270}, WallMs{299}, WallMs{300}}) {

@@ -32,10 +32,14 @@ LogWriteOutcome CorruptAt(std::uint64_t seq, Status problem) {
 
 std::string_view LogWriteKindName(LogWriteKind kind) {
   switch (kind) {
-    case LogWriteKind::kAppended: return "appended";
-    case LogWriteKind::kTakenByOlder: return "taken by an older epoch";
-    case LogWriteKind::kFenced: return "fenced";
-    case LogWriteKind::kCorrupt: return "corrupt";
+    case LogWriteKind::kAppended:
+      return "appended";
+    case LogWriteKind::kTakenByOlder:
+      return "taken by an older epoch";
+    case LogWriteKind::kFenced:
+      return "fenced";
+    case LogWriteKind::kCorrupt:
+      return "corrupt";
   }
   return "unknown";
 }
@@ -93,9 +97,10 @@ Result<TakeoverOutcome> LogWriter::Takeover(std::uint64_t epoch, std::uint64_t m
 Result<LogWriteOutcome> LogWriter::WriteMarker(WallMs now_ms, std::uint64_t max_epoch) {
   if (state_ == State::kFenced || state_ == State::kCorrupt) return stopped_;
   if (state_ != State::kTakenOver) {
-    return Status(Code::kFailedPrecondition,
-                  "replica log " + QuotedName(dir_) +
-                      ": a marker is written once, after a Takeover and the check against its tail");
+    return Status(
+        Code::kFailedPrecondition,
+        "replica log " + QuotedName(dir_) +
+            ": a marker is written once, after a Takeover and the check against its tail");
   }
   FLEETFS_ASSIGN_OR_RETURN(const EncodedLogObject marker, EncodeLogMarker(at_, now_ms));
   return Settle(dest_.Create(PathAt(at_.seq), marker.bytes), marker.checksum, /*marker=*/true,
@@ -106,8 +111,8 @@ Status LogWriter::CheckOurs(std::string_view head, LogKind* kind) const {
   auto h = Summarize(head, LogExpectation{dir_, at_.seq, at_.epoch, std::nullopt});
   if (!h.ok()) {
     return InvalidArgument("the object to append to replica log " + QuotedName(dir_) +
-                           " is not encoded at its position (sequence " + N(at_.seq) +
-                           ", epoch " + N(at_.epoch) + "): " + h.status().message());
+                           " is not encoded at its position (sequence " + N(at_.seq) + ", epoch " +
+                           N(at_.epoch) + "): " + h.status().message());
   }
   if (h->prev != at_.prev) {
     return InvalidArgument("the object to append at sequence " + N(at_.seq) + " of replica log " +
@@ -165,9 +170,7 @@ Result<LogWriteOutcome> LogWriter::Settle(Status created, std::uint64_t checksum
     out.found_own = found_own;
     return out;
   };
-  auto corrupt = [&](Status problem) {
-    return Stop(CorruptAt(seq, std::move(problem)));
-  };
+  auto corrupt = [&](Status problem) { return Stop(CorruptAt(seq, std::move(problem))); };
   if (created.ok()) return advance(false);
   // Any other failure may have landed: the retry of the same object finds it.
   if (created.code() != Code::kAlreadyExists) return created;

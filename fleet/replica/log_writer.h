@@ -56,21 +56,21 @@ struct LogTail {
 };
 
 enum class LogWriteKind {
-  kAppended,       // the object is at its sequence; the position moved past it
-  kTakenByOlder,   // (marker only) an older epoch's late object took the
-                   // sequence: `tail` is it; re-check, then WriteMarker again
-  kFenced,         // a newer epoch took the sequence: `fenced_by` is it
-  kCorrupt,        // the object at the sequence cannot be trusted: `problem`
+  kAppended,      // the object is at its sequence; the position moved past it
+  kTakenByOlder,  // (marker only) an older epoch's late object took the
+                  // sequence: `tail` is it; re-check, then WriteMarker again
+  kFenced,        // a newer epoch took the sequence: `fenced_by` is it
+  kCorrupt,       // the object at the sequence cannot be trusted: `problem`
 };
 std::string_view LogWriteKindName(LogWriteKind kind);
 
 struct LogWriteOutcome {
   LogWriteKind kind = LogWriteKind::kAppended;
-  std::uint64_t seq = 0;                // the sequence written or found taken
-  bool found_own = false;               // kAppended by finding our earlier create
-  std::uint64_t fenced_by = 0;          // kFenced
-  std::optional<LogTail> tail;          // kTakenByOlder
-  Status problem;                       // kCorrupt: DataLoss naming the object
+  std::uint64_t seq = 0;        // the sequence written or found taken
+  bool found_own = false;       // kAppended by finding our earlier create
+  std::uint64_t fenced_by = 0;  // kFenced
+  std::optional<LogTail> tail;  // kTakenByOlder
+  Status problem;               // kCorrupt: DataLoss naming the object
 };
 
 enum class TakeoverKind {

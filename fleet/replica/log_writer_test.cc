@@ -21,7 +21,8 @@ namespace {
 constexpr const char* kDir = "176/acme.db";
 
 EncodedLogObject Segment(const LogWriter& w, WallMs ms, char fill = 'a') {
-  auto seg = EncodeLogSegment(w.position(), {Txn{ms, 4096, {PageWrite{0, std::string(4096, fill)}}}});
+  auto seg =
+      EncodeLogSegment(w.position(), {Txn{ms, 4096, {PageWrite{0, std::string(4096, fill)}}}});
   EXPECT_TRUE(seg.ok()) << seg.status().message();
   return *seg;
 }

@@ -1,0 +1,52 @@
+#include "fleet/replica/ship_decision.h"
+
+namespace fleetfs::replica {
+
+std::string_view ShipActionName(ShipAction action) {
+  switch (action) {
+    case ShipAction::kNothing:
+      return "nothing";
+    case ShipAction::kCheck:
+      return "check";
+    case ShipAction::kMarker:
+      return "marker";
+    case ShipAction::kSnapshot:
+      return "snapshot";
+    case ShipAction::kSegment:
+      return "segment";
+    case ShipAction::kTombstone:
+      return "tombstone";
+    case ShipAction::kStop:
+      return "stop";
+  }
+  return "unknown";
+}
+
+ShipDecision Decide(const ShipInputs& in) {
+  if (in.fenced) return {ShipAction::kStop, "a newer epoch took the log"};
+  if (!in.serving_epoch) return {ShipAction::kNothing, "the key is not served here"};
+  const std::uint64_t epoch = *in.serving_epoch;
+  if (in.log_epoch && *in.log_epoch > epoch) {
+    return {ShipAction::kNothing, "the log was taken at a newer epoch than the one served"};
+  }
+  if (in.log_epoch != epoch) {
+    // Item 1: nothing ships under a new epoch before the file was checked
+    // against the log under it, and the marker fences the old owner.
+    if (in.checked_epoch != epoch) {
+      return {ShipAction::kCheck, "the file is not yet checked against the log at this epoch"};
+    }
+    return {ShipAction::kMarker, "the file was checked at this epoch; the log is not yet taken"};
+  }
+  if (in.deleted) return {ShipAction::kTombstone, "the file was deleted"};
+  if (in.unshippable) {
+    return {ShipAction::kNothing, "the journal mode leaves no trace of a transaction's end"};
+  }
+  if (in.gap) return {ShipAction::kSnapshot, "a capture failed: the commits have a gap"};
+  if (!in.matches_tail)
+    return {ShipAction::kSnapshot, "the file is not the state of the log's tail"};
+  if (in.snapshot_due) return {ShipAction::kSnapshot, "a snapshot is due"};
+  if (in.commits_waiting) return {ShipAction::kSegment, "commits are waiting"};
+  return {ShipAction::kNothing, "nothing to ship"};
+}
+
+}  // namespace fleetfs::replica

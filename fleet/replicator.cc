@@ -202,6 +202,7 @@ class Replicator::Impl {
   bool upload_stop_ = false;
   bool upload_wake_ = false;
   std::thread uploader_;
+  std::thread cleaner_;  // removes crashed writers' temporary files once, at start
 
   std::mutex prep_mu_;  // guards the flights and queues; taken alone
   std::condition_variable prep_cv_;
@@ -301,6 +302,19 @@ Status Replicator::Impl::Start() {
     }
   }
   lags_.reserve(kLagSamples);
+  // What writers that crashed left at the destination (their temporary
+  // files), older than any write can take: on a thread of its own, since a
+  // large replica takes a while to walk and shipping must not wait for it.
+  cleaner_ = std::thread([this] {
+    auto removed = o_.destination->CleanTemps(std::chrono::hours(1));
+    if (!removed.ok()) {
+      spdlog::warn("replica: cleaning up temporary files at {}: {}", o_.destination->url(),
+                   removed.status().message());
+    } else if (*removed > 0) {
+      spdlog::info("replica: removed {} temporary files that crashed writers left at {}",
+                   *removed, o_.destination->url());
+    }
+  });
   uploader_ = std::thread([this] { UploadLoop(); });
   for (int i = 0; i < std::max(1, o_.prepare_threads); ++i) {
     preparers_.emplace_back([this] { PrepareLoop(); });
@@ -315,6 +329,7 @@ void Replicator::Impl::Stop() {
   }
   upload_cv_.notify_all();
   if (uploader_.joinable()) uploader_.join();
+  if (cleaner_.joinable()) cleaner_.join();
   {
     std::lock_guard lock(prep_mu_);
     prep_stop_ = true;
@@ -1039,7 +1054,10 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     }
     return 0;
   }
-  if (!WriteStamps(fd.get(), epoch, main.key, main.main_path).ok() ||
+  // Stamped epoch 0 until it is published and its stray sidecars are gone:
+  // a lookup that finds it before then is prepared, and so waits for this
+  // restore's flight to end, instead of being exposed at once.
+  if (!WriteStamps(fd.get(), 0, main.key, main.main_path).ok() ||
       ::fchown(fd.get(), outcome->owner.uid, outcome->owner.gid) != 0 ||
       ::fchmod(fd.get(), outcome->owner.mode != 0 ? outcome->owner.mode : 0644) != 0 ||
       ::fsync(fd.get()) != 0) {
@@ -1055,17 +1073,26 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   }
   // The last check, immediately before anything is changed in the bucket.
   if (!StillServed(main, epoch)) return lapsed();
-  // Stray sidecars would replay onto the restored file: they go first.
-  remove_set(replace);
+  // A stale file goes with its sidecars, which would replay onto the restore.
+  if (replace) remove_set(true);
   const std::string proc = "/proc/self/fd/" + std::to_string(fd.get());
   const std::string name = main.main_path.substr(4);
   if (::linkat(AT_FDCWD, proc.c_str(), dir->get(), name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
     int err = errno;
     // Made meanwhile (a create, or the restore of another epoch's flight):
-    // that file wins, and is checked as any file found here.
+    // that file wins, with its sidecars untouched (its WAL may hold commits),
+    // and is checked as any file found here.
     if (err == EEXIST) return kRaced;
     spdlog::error("replica: publishing the restored {}: {}", main.main_path, std::strerror(err));
     return EIO;
+  }
+  // Published: sidecars found now belong to no file (the main file did not
+  // exist a moment ago) and would replay onto the restore. Nobody opens the
+  // file before they go: a lookup of it finds epoch 0 and joins this flight.
+  if (!replace) remove_set(false);
+  if (!WriteStamps(fd.get(), epoch, main.key, main.main_path).ok() || ::fsync(fd.get()) != 0) {
+    spdlog::error("replica: stamping the restored {}: {}", main.main_path, std::strerror(errno));
+    return EIO;  // left stamped 0: the next lookup prepares it again
   }
   ::fsync(dir->get());
   if (!StillServed(main, epoch)) {

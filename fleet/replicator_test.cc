@@ -87,6 +87,9 @@ class ProbeDestination final : public Destination {
   Result<std::uint64_t> Size(std::string_view path) override { return inner_->Size(path); }
   Status Remove(std::string_view path) override { return inner_->Remove(path); }
   Status Probe() override { return inner_->Probe(); }
+  Result<int> CleanTemps(std::chrono::seconds max_age) override {
+    return inner_->CleanTemps(max_age);
+  }
 
   int lists(const std::string& dir) {
     std::lock_guard lock(mu_);
@@ -454,6 +457,42 @@ TEST_F(ReplicatorTest, a_stale_file_that_appears_under_a_restore_is_checked_not_
   EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R')) << "the stale copy was exposed";
   UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
   EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch);
+}
+
+// ---- issue 10 item 8: a restore's publish never deletes a live file's WAL ----
+
+TEST_F(ReplicatorTest, a_file_created_under_a_restore_keeps_its_wal_when_the_publish_loses) {
+  Start(Options());
+  FleetFile k = Main("created-under-restore");
+  PutGeneration(k, 3, std::string(8192, 'R'));  // another owner's, at epoch 3
+  dest_->HoldNextList(KeyDir(k));
+  auto answer = PrepareAsync(*rep_, k, kEpoch);
+  ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
+  // Meanwhile the file is created through the mount at this epoch, and its
+  // application writes a WAL.
+  PutLocal(k, std::string(8192, 'L'), kEpoch);
+  std::ofstream(Backing(k) + "-wal", std::ios::binary) << std::string(4096, 'W');
+  dest_->ReleaseList();
+  ASSERT_EQ(answer.wait_for(seconds(20)), std::future_status::ready);
+  EXPECT_EQ(answer.get(), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'L')) << "the new file was replaced";
+  EXPECT_TRUE(Read(Backing(k) + "-wal") == std::string(4096, 'W'))
+      << "the live file's WAL was deleted by the restore that lost";
+}
+
+TEST_F(ReplicatorTest, temporary_files_a_crashed_writer_left_at_the_destination_are_removed_at_start) {
+  // A put that crashed before its rename, two hours ago; and one in progress.
+  fs::create_directories(dir_ / "replica" / "001" / "a.db");
+  const fs::path old_temp = dir_ / "replica" / "001" / "a.db" / ".tmp-0000000000000001-0";
+  const fs::path fresh_temp = dir_ / "replica" / "001" / "a.db" / ".tmp-0000000000000002-0";
+  std::ofstream(old_temp) << "half";
+  std::ofstream(fresh_temp) << "writing";
+  const auto two_hours_ago = fs::file_time_type::clock::now() - std::chrono::hours(2);
+  fs::last_write_time(old_temp, two_hours_ago);
+  Start(Options());
+  rep_->Stop();  // waits for the clean-up
+  EXPECT_FALSE(fs::exists(old_temp)) << "a crashed writer's temporary file stayed";
+  EXPECT_TRUE(fs::exists(fresh_temp)) << "a live writer's temporary file was removed";
 }
 
 // ---- F3: a flush is clean only when every commit shipped ----

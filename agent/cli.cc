@@ -448,6 +448,9 @@ int PrintStatus(Json doc, std::ostream& out) {
     if (!r["failing"].get<std::string>().empty()) {
       out << "\nFAILING: " << Printable(r["failing"].get<std::string>());
     }
+    if (!r.value("staging_blocked", std::string()).empty()) {
+      out << "\nWAITING FOR ROOM: " << Printable(r["staging_blocked"].get<std::string>());
+    }
     out << '\n';
   } else {
     out << "\nreplication off\n";

@@ -184,6 +184,7 @@ Json StatusJson(const AgentSnapshot& s) {
     rep["lag_p50_s"] = r.lag_p50_s;
     rep["lag_p99_s"] = r.lag_p99_s;
     rep["failing"] = r.failing;
+    rep["staging_blocked"] = r.staging_blocked;
     doc["replication"] = std::move(rep);
   } else {
     doc["replication"] = "off: no --replica is configured; commits are not shipped";
@@ -263,6 +264,10 @@ HttpResponse Health(const AgentSnapshot& s) {
   if (s.replication && !s.replication->failing.empty()) {
     return unhealthy("the replicator cannot write to " + s.replica + ": " +
                      s.replication->failing);
+  }
+  if (s.replication && !s.replication->staging_blocked.empty()) {
+    // The backing volume's fault, not the destination's: say which.
+    return unhealthy("the replicator cannot stage snapshots: " + s.replication->staging_blocked);
   }
   if (s.replication && s.replication->unshippable_tenants > 0) {
     // Healthy still: one tenant's journal mode is its application's setting,
@@ -379,6 +384,9 @@ std::string MetricsText(const AgentSnapshot& s) {
     out << "fleetfs_replication_unshippable_tenants " << r.unshippable_tenants << '\n';
     help("fleetfs_replication_failing", "gauge", "1 while uploads to the destination fail.");
     out << "fleetfs_replication_failing " << (r.failing.empty() ? 0 : 1) << '\n';
+    help("fleetfs_replication_staging_blocked", "gauge",
+         "1 while a snapshot waits for room on the backing volume (the applications' reserve).");
+    out << "fleetfs_replication_staging_blocked " << (r.staging_blocked.empty() ? 0 : 1) << '\n';
   }
   return out.str();
 }

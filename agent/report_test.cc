@@ -185,6 +185,21 @@ TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
   }
 }
 
+TEST(Report, a_snapshot_waiting_for_room_on_the_backing_volume_is_named_in_health_status_and_metrics) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replication = replica::ReplicationStats{};
+  s.replica = "file:///r";
+  s.replication->staging_blocked = "staging a snapshot of 042/acme.db needs 9 bytes";
+  HttpResponse health = Health(s);
+  EXPECT_EQ(health.status, 503);
+  EXPECT_NE(health.body.find("cannot stage snapshots: staging a snapshot of 042/acme.db"),
+            std::string::npos) << health.body;
+  EXPECT_EQ(health.body.find("cannot write to"), std::string::npos) << "the destination was blamed";
+  EXPECT_EQ(StatusJson(s)["replication"]["staging_blocked"],
+            "staging a snapshot of 042/acme.db needs 9 bytes");
+  EXPECT_NE(MetricsText(s).find("fleetfs_replication_staging_blocked 1\n"), std::string::npos);
+}
+
 TEST(Report, unshippable_tenants_are_counted_and_named_in_status_metrics_and_health) {
   auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
   s.replica = "file:///r";

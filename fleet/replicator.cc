@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -184,6 +185,8 @@ class Replicator::Impl {
   int NotServed(const FleetFile& main, std::uint64_t epoch, std::string_view what) const;
   void ResetTenant(const FleetFile& main);
   void RecordFailure(const Status& st);
+  // OK when a snapshot of `t` may be staged on the backing volume now.
+  Status CheckSpoolRoom(const Tenant& t);
   void RecordSuccess();
   void RecordLag(WallMs commit_ms, WallMs shipped_ms);
 
@@ -202,7 +205,6 @@ class Replicator::Impl {
   bool upload_stop_ = false;
   bool upload_wake_ = false;
   std::thread uploader_;
-  std::thread cleaner_;  // removes crashed writers' temporary files once, at start
 
   std::mutex prep_mu_;  // guards the flights and queues; taken alone
   std::condition_variable prep_cv_;
@@ -231,6 +233,7 @@ class Replicator::Impl {
   // (never across I/O, logging included).
   mutable std::mutex stats_mu_;
   std::string failing_;  // the last upload error while uploads fail
+  std::string staging_blocked_;  // why the last snapshot could not be staged
   std::vector<double> lags_;
   std::size_t lag_next_ = 0;
 };
@@ -305,16 +308,18 @@ Status Replicator::Impl::Start() {
   // What writers that crashed left at the destination (their temporary
   // files), older than any write can take: on a thread of its own, since a
   // large replica takes a while to walk and shipping must not wait for it.
-  cleaner_ = std::thread([this] {
-    auto removed = o_.destination->CleanTemps(std::chrono::hours(1));
+  // Detached, holding the destination: a walk of a large (or hung network)
+  // replica must not hold up a stop.
+  std::thread([dest = o_.destination] {
+    auto removed = dest->CleanTemps(std::chrono::hours(1));
     if (!removed.ok()) {
-      spdlog::warn("replica: cleaning up temporary files at {}: {}", o_.destination->url(),
+      spdlog::warn("replica: cleaning up temporary files at {}: {}", dest->url(),
                    removed.status().message());
     } else if (*removed > 0) {
       spdlog::info("replica: removed {} temporary files that crashed writers left at {}",
-                   *removed, o_.destination->url());
+                   *removed, dest->url());
     }
-  });
+  }).detach();
   uploader_ = std::thread([this] { UploadLoop(); });
   for (int i = 0; i < std::max(1, o_.prepare_threads); ++i) {
     preparers_.emplace_back([this] { PrepareLoop(); });
@@ -329,7 +334,6 @@ void Replicator::Impl::Stop() {
   }
   upload_cv_.notify_all();
   if (uploader_.joinable()) uploader_.join();
-  if (cleaner_.joinable()) cleaner_.join();
   {
     std::lock_guard lock(prep_mu_);
     prep_stop_ = true;
@@ -461,16 +465,18 @@ bool Replicator::Impl::Round() {
   bool clean = true;
   for (auto& t : all) {
     const bool shipped = Sync(*t);
-    clean = (shipped || t->capture().unshippable()) && clean;
+    // Its commits from before the switch still count: they can ship.
+    clean = (shipped || (t->capture().unshippable() && !t->capture().HasShippable())) && clean;
   }
   {
     std::lock_guard lock(tenants_mu_);
     clean = clean && tombstones_.empty();
   }
-  // A failure is cleared by a real upload that lands (in Sync), or by a
-  // round in which nothing that reached the destination failed. Never by a
-  // probe: a full disk takes an empty probe file and refuses every real
-  // object, and clearing on the probe made /health flap every round.
+  // A failure is cleared by a round in which nothing that reached the
+  // destination failed: not by another tenant's upload that landed (one
+  // key's directory may fail every round while the others work), and never
+  // by a probe (a full disk takes an empty probe file and refuses every real
+  // object; clearing on the probe made /health flap every round).
   if (failures_seen_.load() == failures_before) RecordSuccess();
   return clean;
 }
@@ -593,7 +599,6 @@ bool Replicator::Impl::Sync(Tenant& t) {
     RecordFailure(st.WithContext("shipping " + t.main().main_path));
     return false;
   }
-  RecordSuccess();
   if (scan.unshippable) return false;  // what came after the switch waits
   return t.capture().SettleShipped(scan);
 }
@@ -631,12 +636,54 @@ Status Replicator::Impl::UploadSegment(Tenant& t) {
   return Status::Ok();
 }
 
+// A snapshot is staged on the backing volume before its upload. Were it
+// staged whatever the room, each retry (every sync interval) would fill the
+// volume, and the applications' own writes would fail with "database or disk
+// is full". It waits instead while it would leave less than the reserve, and
+// says so: not the destination's fault, and not a lag of 0.
+Status Replicator::Impl::CheckSpoolRoom(const Tenant& t) {
+  struct stat st;
+  if (::fstatat(root_.get(), t.main().main_path.c_str(), &st, 0) != 0) return Status::Ok();
+  std::optional<std::uint64_t> free_bytes;
+  std::uint64_t volume_bytes = 0;
+  if (o_.backing_free_bytes) {
+    free_bytes = o_.backing_free_bytes();
+  } else if (struct statvfs vfs; ::fstatvfs(root_.get(), &vfs) == 0) {
+    free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    volume_bytes = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  }
+  const std::uint64_t reserve = o_.spool_reserve_bytes != 0
+                                    ? o_.spool_reserve_bytes
+                                    : std::max<std::uint64_t>(256ull << 20, volume_bytes / 20);
+  if (!free_bytes) return Status::Ok();
+  // zstd never grows data by more than this (ZSTD_compressBound), plus the header.
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t need = size + size / 128 + 4096;
+  std::string blocked;
+  if (*free_bytes < need + reserve) {
+    blocked = "staging a snapshot of " + t.main().main_path + " needs " + std::to_string(need) +
+              " bytes on the backing volume, which has " + std::to_string(*free_bytes) +
+              " free and keeps " + std::to_string(reserve) +
+              " for the applications; it waits for room";
+  }
+  bool changed;
+  {
+    std::lock_guard lock(stats_mu_);
+    changed = staging_blocked_ != blocked;
+    staging_blocked_ = blocked;
+  }
+  if (blocked.empty()) return Status::Ok();
+  if (changed) spdlog::warn("replica: {}", blocked);
+  return Status(Code::kFailedPrecondition, blocked);
+}
+
 Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* before,
                                                 std::uint64_t* gap_mark) {
   // Short: the shipping thread serves every tenant, and a hot journal left
   // by a writer that died stays hot until the next opener rolls it back.
   // Every write to the main file and its WAL waits from here until the copy is
   // done, so the copy is one consistent state.
+  FLEETFS_RETURN_IF_ERROR(CheckSpoolRoom(t));
   auto held = t.capture().HoldForSnapshot(std::chrono::milliseconds(200));
   if (!held.ok()) return held.status();
   Capture::SnapshotHold hold = std::move(*held);
@@ -968,7 +1015,8 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
                   main.main_path, *key, main.key);
     return EIO;
   }
-  std::uint64_t stamp = ReadEpochStamp(file.get()).value_or(0);
+  const std::optional<std::uint64_t> stamped = ReadEpochStamp(file.get());
+  std::uint64_t stamp = stamped.value_or(0);
   if (stamp >= f.epoch) return 0;  // RunPrepare answers 0 only while f.epoch is served
   auto newest = NewestEpoch(*o_.destination, KeyDir(main));
   if (!newest.ok()) {
@@ -976,7 +1024,11 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
                   newest.status().message());
     return EIO;
   }
-  if (*newest && **newest > stamp && **newest != f.epoch) {
+  // Stamped 0 explicitly: a restore that published and then stopped (a
+  // crash) before it cleared the stray sidecars and stamped its epoch. It is
+  // restored again, sidecars and all, rather than exposed beside them.
+  const bool unfinished = stamped && *stamped == 0 && *newest;
+  if (unfinished || (*newest && **newest > stamp && **newest != f.epoch)) {
     spdlog::warn("replica: {} on disk is stamped epoch {}, the replica holds epoch {} from another "
                  "owner; replacing it from the replica before exposing it at epoch {}",
                  main.main_path, stamp, **newest, f.epoch);
@@ -1034,6 +1086,14 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     }
     if (with_main) ::unlinkat(root_.get(), main.main_path.c_str(), 0);
   };
+  // Whether the name still holds the file this restore published: a flight
+  // of another epoch may have replaced it since, and its sidecars are live.
+  auto still_ours = [&] {
+    struct stat ours, named;
+    return ::fstat(fd.get(), &ours) == 0 &&
+           ::fstatat(root_.get(), main.main_path.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+           ours.st_dev == named.st_dev && ours.st_ino == named.st_ino;
+  };
   auto lapsed = [&] {
     // The range lapsed (or moved to a new epoch) meanwhile: nothing is
     // written for an epoch no longer served.
@@ -1065,7 +1125,9 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     return EIO;
   }
   if (!StillServed(main, epoch)) return lapsed();  // no need to wait for the tenant
-  ResetTenant(main);  // may wait for an upload of the tenant in progress
+  // The stale file's captured state must not ship; a missing file's is reset
+  // only once the link wins (a file created meanwhile keeps its own).
+  if (replace) ResetTenant(main);  // may wait for an upload of the tenant in progress
   auto dir = OpenOrMakeBucket(root_.get(), bucket);
   if (!dir.ok()) {
     spdlog::error("replica: restoring {}: {}", main.main_path, dir.status().message());
@@ -1089,7 +1151,10 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   // Published: sidecars found now belong to no file (the main file did not
   // exist a moment ago) and would replay onto the restore. Nobody opens the
   // file before they go: a lookup of it finds epoch 0 and joins this flight.
-  if (!replace) remove_set(false);
+  if (!replace) {
+    ResetTenant(main);  // what an earlier file at this name left: the replica holds the truth
+    if (still_ours()) remove_set(false);
+  }
   if (!WriteStamps(fd.get(), epoch, main.key, main.main_path).ok() || ::fsync(fd.get()) != 0) {
     spdlog::error("replica: stamping the restored {}: {}", main.main_path, std::strerror(errno));
     return EIO;  // left stamped 0: the next lookup prepares it again
@@ -1217,6 +1282,7 @@ ReplicationStats Replicator::Impl::Stats() const {
   {
     std::lock_guard lock(stats_mu_);
     s.failing = failing_;
+    s.staging_blocked = staging_blocked_;
     lags = lags_;
   }
   if (!lags.empty()) {

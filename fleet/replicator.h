@@ -73,6 +73,12 @@ struct ReplicatorOptions {
   // a replica. Bounds the queue a flood of distinct absent names can build
   // ahead of real first opens.
   std::size_t max_lookup_flights = 4096;
+  // Free bytes on the backing volume; nullopt when unknown. Default: statvfs.
+  std::function<std::optional<std::uint64_t>()> backing_free_bytes;
+  // A snapshot is staged on the backing volume only if this much stays free
+  // for the applications after it; 0: the larger of 256 MiB and 5% of the
+  // volume. A snapshot that would eat into it waits, and says why.
+  std::uint64_t spool_reserve_bytes = 0;
   // The epoch this host serves `slot` at now, if it serves it; nullopt once
   // the local lease has ended (the agent answers from its refresher, which
   // reads the monotonic clock). Asked again right before a restore publishes.
@@ -104,6 +110,9 @@ struct ReplicationStats {
   std::size_t unshippable_tenants = 0;
   std::string unshippable_example;
   std::string failing;  // the last upload error while uploads fail; empty when they work
+  // Why a snapshot could not be staged on the backing volume (too little
+  // room left for the applications); empty when snapshots stage.
+  std::string staging_blocked;
   double lag_p50_s = 0;  // commit to shipped, over the last shipped commits
   double lag_p99_s = 0;
 };

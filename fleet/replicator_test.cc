@@ -472,13 +472,35 @@ TEST_F(ReplicatorTest, a_file_created_under_a_restore_keeps_its_wal_when_the_pub
   // application writes a WAL.
   PutLocal(k, std::string(8192, 'L'), kEpoch);
   std::ofstream(Backing(k) + "-wal", std::ios::binary) << std::string(4096, 'W');
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 8192); }  // a change to ship
   dest_->ReleaseList();
   ASSERT_EQ(answer.wait_for(seconds(20)), std::future_status::ready);
   EXPECT_EQ(answer.get(), 0);
   EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'L')) << "the new file was replaced";
   EXPECT_TRUE(Read(Backing(k) + "-wal") == std::string(4096, 'W'))
       << "the live file's WAL was deleted by the restore that lost";
+  // The restore that lost did not wipe the new file's replication state.
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 1u);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 1u) << "the new file's change was never shipped";
 }
+
+TEST_F(ReplicatorTest, a_restore_that_stopped_before_its_epoch_stamp_is_restored_again_without_its_stray_wal) {
+  Start(Options());
+  FleetFile k = Main("unfinished-restore");
+  PutGeneration(k, kEpoch, std::string(8192, 'R'));
+  // A crash between the publish and the stamp: the file stamped 0 explicitly,
+  // and a stray WAL beside it that must not replay onto it.
+  PutLocal(k, std::string(8192, 'R'), 0);
+  std::ofstream(Backing(k) + "-wal", std::ios::binary) << std::string(4096, 'S');
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_FALSE(fs::exists(Backing(k) + "-wal")) << "exposed beside a stray WAL";
+  UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+  EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R'));
+}
+
 
 TEST_F(ReplicatorTest, temporary_files_a_crashed_writer_left_at_the_destination_are_removed_at_start) {
   // A put that crashed before its rename, two hours ago; and one in progress.
@@ -490,9 +512,38 @@ TEST_F(ReplicatorTest, temporary_files_a_crashed_writer_left_at_the_destination_
   const auto two_hours_ago = fs::file_time_type::clock::now() - std::chrono::hours(2);
   fs::last_write_time(old_temp, two_hours_ago);
   Start(Options());
-  rep_->Stop();  // waits for the clean-up
+  for (int i = 0; i < 20000 && fs::exists(old_temp); ++i) std::this_thread::sleep_for(milliseconds(1));
   EXPECT_FALSE(fs::exists(old_temp)) << "a crashed writer's temporary file stayed";
   EXPECT_TRUE(fs::exists(fresh_temp)) << "a live writer's temporary file was removed";
+}
+
+// ---- issue 10 item 9: a snapshot never fills the backing volume ----
+
+TEST_F(ReplicatorTest, a_snapshot_that_would_leave_the_volume_too_little_room_waits_and_says_why) {
+  std::atomic<std::uint64_t> free_bytes{1 << 20};  // 1 MiB free
+  ReplicatorOptions o = Options();
+  o.backing_free_bytes = [&]() -> std::optional<std::uint64_t> { return free_bytes.load(); };
+  o.spool_reserve_bytes = 512 << 10;
+  Start(std::move(o));
+  FleetFile k = Main("no-room");
+  PutLocal(k, std::string(4 << 20, 'N'), kEpoch);  // needs a 4 MiB snapshot
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4 << 20); }
+  std::this_thread::sleep_for(milliseconds(5));  // the commit has waited a moment
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  ReplicationStats stats = rep_->Stats();
+  EXPECT_EQ(stats.snapshots, 0u);
+  EXPECT_NE(stats.staging_blocked.find(k.main_path), std::string::npos) << stats.staging_blocked;
+  EXPECT_NE(stats.staging_blocked.find("1048576 free"), std::string::npos) << stats.staging_blocked;
+  EXPECT_EQ(stats.failing, "") << "the destination was blamed";
+  EXPECT_GT(rep_->LagSeconds(0, kLastSlot), 0.0) << "the lag reads 0 while nothing ships";
+  // Room again: it ships, and the reason clears.
+  free_bytes = 1ull << 34;
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  stats = rep_->Stats();
+  EXPECT_EQ(stats.snapshots, 1u);
+  EXPECT_EQ(stats.staging_blocked, "");
+  EXPECT_EQ(rep_->LagSeconds(0, kLastSlot), 0.0);
 }
 
 // ---- F3: a flush is clean only when every commit shipped ----
@@ -725,6 +776,34 @@ void ReportJournaledCommit(TenantWatch& watch, std::uint64_t main_size) {
     auto guard = watch.BeforeWrite(FileRole::kMain, off, page.data(), page.size());
   }
   { auto guard = watch.BeforeUnlink(FileRole::kJournal); }
+}
+
+TEST_F(ReplicatorTest, a_stop_waits_for_commits_from_before_a_switch_to_journal_mode_off) {
+  auto flaky = std::make_shared<FailingDestination>(inner_);
+  ReplicatorOptions o = Options();
+  o.destination = flaky;
+  Start(std::move(o));
+  FleetFile k = Main("off-after-commit");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=DELETE");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 0, 5);
+  auto watch = rep_->Watch(k, kEpoch);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 5, 6);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  db.Exec("PRAGMA journal_mode=OFF");
+  {
+    std::string page(4096, 'x');
+    auto guard = watch->BeforeWrite(FileRole::kMain, 8192, page.data(), page.size());
+  }
+  flaky->FailEvery(Unavailable("the replica's server is down"));
+  EXPECT_FALSE(rep_->Flush(mono_.Now())) << "a stop called clean with a whole commit unshipped";
+  flaky->Heal();
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().segments, 1u);
 }
 
 TEST_F(ReplicatorTest, commits_captured_before_a_switch_to_journal_mode_off_still_ship) {

@@ -140,6 +140,7 @@ WriteGuard Capture::BeforeTruncate(FileRole role, std::uint64_t size) {
   NoteWriteLocked();
   if (role == FileRole::kJournal && size == 0) FinishJournalLocked();  // TRUNCATE mode
   if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) need_generation_ = true;
+  PublishLocked();
   return WriteGuard(&gate_, {});
 }
 
@@ -247,12 +248,16 @@ void Capture::ClearGap(std::uint64_t gap_mark) {
   if (gaps_ != gap_mark) return;  // a gap after the copy: the next shipment is a snapshot again
   need_generation_ = false;
   shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them
+  unshipped_since_ms_ = 0;  // the next write starts it again
+  PublishLocked();
 }
 
 void Capture::MarkUnshipped() {
   std::lock_guard lock(mu_);
   marker_present_ = true;
   unshipped_.store(true);
+  if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
+  PublishLocked();
 }
 
 void Capture::Drop() {
@@ -355,6 +360,7 @@ void Capture::SnapshotHold::CaptureFailed() {
 
 void Capture::NoteWriteLocked() {
   ++writes_seen_;
+  if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   if (!marker_present_) {
     std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main_);
     UniqueFd fd(::openat(o_.root, marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
@@ -371,6 +377,13 @@ void Capture::PublishLocked() {
   if (!captured_.empty()) o = captured_.front().commit_ms;
   if (!commit_seen_.empty() && (o == 0 || commit_seen_.begin()->second < o)) {
     o = commit_seen_.begin()->second;
+  }
+  // Changes that only a snapshot can ship (the first ship, a gap, a restart
+  // with commits unshipped) are pending since their first write: a snapshot
+  // that cannot go out must not read as a lag of 0.
+  if (need_generation_ && marker_present_ && unshipped_since_ms_ != 0 &&
+      (o == 0 || unshipped_since_ms_ < o)) {
+    o = unshipped_since_ms_;
   }
   oldest_pending_ms_.store(o);
 }
@@ -391,11 +404,16 @@ void Capture::CaptureFailedLocked(std::string_view what, const std::string& why)
 // go into the current generation; nothing captured later does.
 void Capture::MarkGapLocked(std::size_t keep) {
   need_generation_ = true;
+  if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   ++gaps_;
   shippable_ = std::min({shippable_, keep, captured_.size()});
 }
 
 void Capture::RemoveMarkerLocked() {
+  if (unshipped_since_ms_ != 0) {
+    unshipped_since_ms_ = 0;
+    PublishLocked();
+  }
   if (!marker_present_) return;
   std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main_);
   ::unlinkat(o_.root, marker.c_str(), 0);

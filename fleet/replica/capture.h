@@ -176,6 +176,7 @@ class Capture final : public TenantWatch {
   std::deque<Txn> captured_;
   std::uint64_t captured_bytes_ = 0;
   bool need_generation_ = true;
+  WallMs unshipped_since_ms_ = 0;  // the first write not yet shipped; 0 when all is
   // While a gap is open: how many of captured_ (from the front) may still go
   // into the current generation; SIZE_MAX when no gap limits them.
   std::size_t shippable_ = SIZE_MAX;

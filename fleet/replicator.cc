@@ -652,9 +652,9 @@ Status Replicator::Impl::CheckSpoolRoom(const Tenant& t) {
     free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
     volume_bytes = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
   }
-  const std::uint64_t reserve = o_.spool_reserve_bytes != 0
-                                    ? o_.spool_reserve_bytes
-                                    : std::max<std::uint64_t>(256ull << 20, volume_bytes / 20);
+  const std::uint64_t reserve =
+      o_.spool_reserve_bytes != 0 ? o_.spool_reserve_bytes
+                                  : std::clamp<std::uint64_t>(volume_bytes / 20, 4ull << 20, 1ull << 30);
   if (!free_bytes) return Status::Ok();
   // zstd never grows data by more than this (ZSTD_compressBound), plus the header.
   const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);

@@ -76,8 +76,8 @@ struct ReplicatorOptions {
   // Free bytes on the backing volume; nullopt when unknown. Default: statvfs.
   std::function<std::optional<std::uint64_t>()> backing_free_bytes;
   // A snapshot is staged on the backing volume only if this much stays free
-  // for the applications after it; 0: the larger of 256 MiB and 5% of the
-  // volume. A snapshot that would eat into it waits, and says why.
+  // for the applications after it; 0: 5% of the volume, at least 4 MiB and
+  // at most 1 GiB. A snapshot that would eat into it waits, and says why.
   std::uint64_t spool_reserve_bytes = 0;
   // The epoch this host serves `slot` at now, if it serves it; nullopt once
   // the local lease has ended (the agent answers from its refresher, which

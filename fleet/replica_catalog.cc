@@ -217,10 +217,21 @@ Result<RestoreOutcome> RestoreTo(Destination& dest, std::string_view key_dir,
 
 Result<int> PruneGenerations(Destination& dest, std::string_view key_dir, WallMs before_ms) {
   FLEETFS_ASSIGN_OR_RETURN(std::vector<GenerationId> gens, ListGenerations(dest, key_dir));
+  // The newest generation that holds objects is the key's state: never
+  // removed, even behind newer empty ones (a takeover's marker, or a first
+  // put that never landed).
+  std::size_t newest_data = gens.size();
+  for (std::size_t i = gens.size(); i-- > 0;) {
+    FLEETFS_ASSIGN_OR_RETURN(GenerationInfo info, DescribeGeneration(dest, key_dir, gens[i]));
+    if (!info.objects.empty()) {
+      newest_data = i;
+      break;
+    }
+  }
   int removed = 0;
   for (std::size_t i = 0; i < gens.size(); ++i) {
     FLEETFS_ASSIGN_OR_RETURN(GenerationInfo info, DescribeGeneration(dest, key_dir, gens[i]));
-    if (i + 1 < gens.size() && info.last_ms < before_ms) {
+    if (i + 1 < gens.size() && i < newest_data && info.last_ms < before_ms) {
       FLEETFS_RETURN_IF_ERROR(dest.Remove(GenerationDir(key_dir, gens[i])));
       ++removed;
       continue;

@@ -196,6 +196,16 @@ TEST_F(Catalog, pruning_removes_old_generations_but_never_the_newest) {
   EXPECT_EQ(gens->front(), (GenerationId{2, 3}));
 }
 
+TEST_F(Catalog, pruning_never_removes_the_state_behind_a_newer_empty_generation) {
+  PutSnapshot({1, 1}, 0, "state", 100);
+  // A takeover's marker at epoch 2: a generation with no object.
+  ASSERT_TRUE(dest_->Put(GenerationDir(kKey, GenerationId{2, 2}) + "/taken", "taken\n").ok());
+  auto removed = PruneGenerations(*dest_, kKey, 10'000);
+  ASSERT_TRUE(removed.ok()) << removed.status().message();
+  EXPECT_EQ(*removed, 0);
+  EXPECT_EQ(Restore(std::nullopt)->substr(0, 5), "state");
+}
+
 TEST_F(Catalog, pruning_inside_a_generation_keeps_every_restore_within_the_retention) {
   GenerationId gen{1, 1};
   PutSnapshot(gen, 0, std::string(4096, 'x'), 100);

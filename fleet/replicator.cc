@@ -30,6 +30,8 @@ namespace {
 
 constexpr std::string_view kMarkerDir = kUnshippedMarkerDir;
 constexpr std::string_view kSpoolDir = ".fleetfs/spool";
+// The one object of a takeover's empty generation (see MarkTakeover).
+constexpr std::string_view kTakeoverMarkerName = "taken";
 constexpr std::size_t kLagSamples = 4096;
 // Internal to the prepare path (never an answer): a restore found the file
 // made meanwhile, so the file there is checked again as any file found here.
@@ -177,6 +179,14 @@ class Replicator::Impl {
   // One attempt of RunPrepare; kRaced when a file appeared under a restore.
   int PrepareFile(const Flight& f);
   int RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace);
+  // Whether the local file carries the epoch stamp of `epoch` (or newer):
+  // it was checked against the replica at that epoch, or made at it.
+  bool CheckedAt(const FleetFile& main, std::uint64_t epoch) const;
+  // Before a file is exposed at `epoch` that the replica holds under an
+  // older one, an empty generation of `epoch` is put beside it: the replica
+  // then tells any later owner that this epoch took the key, so an older
+  // owner's unshipped copy is never taken for the newest state.
+  Status MarkTakeover(const FleetFile& main, std::uint64_t epoch);
   // True while this host serves `main`'s slot at `epoch` (always, when the
   // agent wired no serving_epoch).
   bool StillServed(const FleetFile& main, std::uint64_t epoch) const;
@@ -565,6 +575,13 @@ bool Replicator::Impl::Sync(Tenant& t) {
   }
   const bool serving_now = o_.serving_epoch && o_.serving_epoch(t.main().slot) == epoch;
   if (need_gen && !serving_now) return false;  // a generation starts only while served
+  if (need_gen && !CheckedAt(t.main(), epoch)) {
+    // Nothing ships under an epoch before the file was checked against the
+    // replica at it (a restart's stale copy would become the newest state):
+    // the check is queued, and the generation starts after it.
+    Prepare(t.main(), epoch, nullptr, /*warm=*/true);
+    return false;
+  }
   auto gens = ListGenerations(*o_.destination, t.key_dir());
   if (!gens.ok()) {
     RecordFailure(gens.status());
@@ -1028,7 +1045,10 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
   // crash) before it cleared the stray sidecars and stamped its epoch. It is
   // restored again, sidecars and all, rather than exposed beside them.
   const bool unfinished = stamped && *stamped == 0 && *newest;
-  if (unfinished || (*newest && **newest > stamp && **newest != f.epoch)) {
+  // A newer epoch than the file's stamp took the key: another owner's, or
+  // this epoch's own takeover marker or shipment (which were made for a file
+  // checked at it; this one is not, so it is a stale copy that appeared).
+  if (unfinished || (*newest && **newest > stamp)) {
     spdlog::warn("replica: {} on disk is stamped epoch {}, the replica holds epoch {} from another "
                  "owner; replacing it from the replica before exposing it at epoch {}",
                  main.main_path, stamp, **newest, f.epoch);
@@ -1040,6 +1060,11 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
   // flight of a newer epoch may have raised it meanwhile).
   if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "epoch stamp");
   if (ReadEpochStamp(file.get()).value_or(0) >= f.epoch) return 0;
+  if (Status marked = MarkTakeover(main, f.epoch); !marked.ok()) {
+    spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, f.epoch,
+                  marked.message());
+    return EIO;
+  }
   if (Status stamped = WriteStamps(file.get(), f.epoch, main.key, main.main_path); !stamped.ok()) {
     spdlog::warn("replica: {}", stamped.message());
   }
@@ -1056,6 +1081,31 @@ int Replicator::Impl::NotServed(const FleetFile& main, std::uint64_t epoch,
                "lookup gets an error",
                what, main.main_path, epoch);
   return ENOENT;  // as a restore that lapsed answers
+}
+
+bool Replicator::Impl::CheckedAt(const FleetFile& main, std::uint64_t epoch) const {
+  UniqueFd fd(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return true;  // gone: nothing of it can ship anyway
+  struct stat st;
+  // Not a regular file: the mount never exposes it, and a snapshot of it fails.
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return true;
+  return ReadEpochStamp(fd.get()).value_or(0) >= epoch;
+}
+
+Status Replicator::Impl::MarkTakeover(const FleetFile& main, std::uint64_t epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(std::vector<GenerationId> gens, ListGenerations(*o_.destination, KeyDir(main)));
+  if (gens.empty() || gens.back().epoch >= epoch) return Status::Ok();
+  std::uint64_t index = 0;
+  for (const auto& g : gens) index = std::max(index, g.index);
+  const GenerationId marker{epoch, index + 1};
+  // A name no object parser reads: restores skip the generation (it holds
+  // no object), listings count its epoch.
+  FLEETFS_RETURN_IF_ERROR(o_.destination->Put(
+      GenerationDir(KeyDir(main), marker) + "/" + std::string(kTakeoverMarkerName),
+      "taken at epoch " + std::to_string(epoch) + "\n"));
+  spdlog::info("replica: {} taken at epoch {} (generation {} marks it)", main.main_path, epoch,
+               marker.Name());
+  return Status::Ok();
 }
 
 // The restore is built in an unnamed file in the spool directory, so nothing
@@ -1131,6 +1181,11 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   auto dir = OpenOrMakeBucket(root_.get(), bucket);
   if (!dir.ok()) {
     spdlog::error("replica: restoring {}: {}", main.main_path, dir.status().message());
+    return EIO;
+  }
+  if (Status marked = MarkTakeover(main, epoch); !marked.ok()) {
+    spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, epoch,
+                  marked.message());
     return EIO;
   }
   // The last check, immediately before anything is changed in the bucket.

@@ -56,18 +56,21 @@ class ProbeDestination final : public Destination {
     return inner_->List(dir);
   }
   Status Put(std::string_view path, std::string_view bytes) override {
+    Hold();
     return inner_->Put(path, bytes);
   }
   Status PutFile(std::string_view path, int fd) override {
-    {
-      std::unique_lock lock(mu_);
-      if (hold_puts_) {
-        ++puts_held_;
-        cv_.notify_all();
-        cv_.wait(lock, [&] { return !hold_puts_; });
-      }
-    }
+    Hold();
     return inner_->PutFile(path, fd);
+  }
+  // Puts wait here while HoldPuts(true).
+  void Hold() {
+    std::unique_lock lock(mu_);
+    if (hold_puts_) {
+      ++puts_held_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !hold_puts_; });
+    }
   }
   Status Create(std::string_view path, std::string_view bytes) override {
     return inner_->Create(path, bytes);
@@ -330,38 +333,19 @@ TEST_F(ReplicatorTest, a_tenant_only_in_the_replica_is_restored_with_its_bucket)
 // ---- item 10: nothing is published after the epoch stops being served ----
 
 TEST_F(ReplicatorTest, a_restore_that_waited_past_its_epoch_publishes_nothing) {
-  // The first check the restore's thread makes after its download is told
-  // "served", and the test learns of it.
-  std::promise<void> checked;
-  std::atomic<bool> once{false};
-  serving_hook_ = [&](Slot) -> std::optional<std::uint64_t> {
-    if (dest_->IsGetter() && !once.exchange(true)) checked.set_value();
-    return std::nullopt;
-  };
-  Start([&] {
-    ReplicatorOptions o = Options();
-    o.sync_interval = Millis(20);
-    return o;
-  }());
+  Start(Options());
   FleetFile k = Main("late-publish");
   PutLocal(k, std::string(8192, 'L'), 1);      // ours, from epoch 1
   PutGeneration(k, 5, std::string(8192, 'R'));  // another owner's, newer: replaces ours
   struct stat before;
   ASSERT_EQ(::stat(Backing(k).c_str(), &before), 0);
-
-  // The tenant's first shipment holds its upload: the restore's reset of the
-  // tenant waits for it, past the post-download check.
+  // The restore downloads, then puts its takeover marker: held there while
+  // the local lease ends.
   dest_->HoldPuts(true);
-  auto watch = rep_->Watch(k, kEpoch);
-  { auto guard = watch->BeforeTruncate(FileRole::kMain, 8192); }
-  ASSERT_TRUE(dest_->WaitPutHeld(seconds(20)));
-
   auto answer = std::make_shared<std::promise<int>>();
   auto result = answer->get_future();
   rep_->Prepare(k, kEpoch, [answer](int err) { answer->set_value(err); });
-  ASSERT_EQ(checked.get_future().wait_for(seconds(20)), std::future_status::ready);
-  // The restore passed a check after its download and waits for the upload.
-  std::this_thread::sleep_for(milliseconds(200));
+  ASSERT_TRUE(dest_->WaitPutHeld(seconds(20)));
   served_ = 0;  // the local lease ends
   dest_->HoldPuts(false);
   ASSERT_EQ(result.wait_for(seconds(20)), std::future_status::ready);
@@ -544,6 +528,42 @@ TEST_F(ReplicatorTest, a_snapshot_that_would_leave_the_volume_too_little_room_wa
   EXPECT_EQ(stats.snapshots, 1u);
   EXPECT_EQ(stats.staging_blocked, "");
   EXPECT_EQ(rep_->LagSeconds(0, kLastSlot), 0.0);
+}
+
+// ---- issue 10 item 1: nothing ships under a new epoch before the file was checked ----
+
+TEST_F(ReplicatorTest, a_stale_copy_with_unshipped_commits_is_checked_before_anything_ships_at_a_new_epoch) {
+  Start(Options());
+  FleetFile k = Main("stale-restart");
+  PutGeneration(k, 5, std::string(8192, 'R'));  // another owner shipped at epoch 5
+  // This host's copy from epoch 3, with commits an earlier run never shipped.
+  PutLocal(k, std::string(8192, 'S'), 3);
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 8192); }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  EXPECT_TRUE(Read(*restored) == std::string(8192, 'R'))
+      << "the stale copy was shipped as the newest state";
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'R')) << "the stale copy was kept";
+}
+
+TEST_F(ReplicatorTest, a_takeover_is_marked_so_an_older_owners_unshipped_copy_is_never_taken_back) {
+  Start(Options());
+  FleetFile k = Main("taken-back");
+  PutGeneration(k, 1, std::string(8192, 'A'));  // A shipped at epoch 1
+  // B takes the key at epoch 2 (restores it) and dies before shipping anything.
+  served_ = 2;
+  ASSERT_EQ(PrepareAndWait(k, 2), 0);
+  ASSERT_TRUE(Read(Backing(k)) == std::string(8192, 'A'));
+  // A comes back at epoch 3 with its own copy from epoch 1, holding commits
+  // the failover to B lost.
+  fs::remove(Backing(k));
+  PutLocal(k, std::string(8192, 'X'), 1);
+  served_ = 3;
+  ASSERT_EQ(PrepareAndWait(k, 3), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'A'))
+      << "commits lost at the failover to epoch 2 came back at epoch 3";
 }
 
 // ---- F3: a flush is clean only when every commit shipped ----

@@ -1,0 +1,341 @@
+"""Crash anywhere (issue 10): the serving agent is killed with SIGKILL at a
+random moment under a mixed load, then restarted or failed over to the other
+agent; every time, each tenant's restored state must be exactly a prefix of
+what its writers saw commit, hold every commit acknowledged more than one
+sync interval before the kill, and pass integrity_check.
+
+Two agents share one control database and one file:// replica, each on its
+own backing directory, so a failover really restores from the replica. The
+load: tenants in WAL and in each rollback-journal mode, synchronous FULL and
+NORMAL, two writer processes per tenant, with checkpoints, WAL restarts and
+reconnects (the last connection's close deletes the WAL) forced now and then.
+
+FLEETFS_CRASH_ROUNDS sets the rounds (20 by default; 200 for a soak, see the
+README), FLEETFS_CRASH_SEED replays a run's choices."""
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import unittest
+
+from harness import MountTest, slots, tenants_in, wait_for
+
+TTL_S = 3
+SYNC_S = 1.0  # the agent's default sync interval, which the agents run with
+# A commit is captured by the round at most one sync interval after it; the
+# round's upload must also land. This is that upload's allowance on a loaded
+# 2-core machine, stated once.
+UPLOAD_SLACK_S = 0.5
+WINDOW_S = SYNC_S + UPLOAD_SLACK_S
+ROUNDS = int(os.environ.get("FLEETFS_CRASH_ROUNDS", "20"))
+SEED = int(os.environ.get("FLEETFS_CRASH_SEED", str(int(time.time() * 1000) % 1_000_000)))
+# Each tenant's journal mode and synchronous setting: WAL and each way a
+# rollback journal finishes a transaction (delete, truncate, zeroed header).
+TENANTS = [("wal", "FULL"), ("wal", "NORMAL"), ("delete", "NORMAL"), ("truncate", "FULL"),
+           ("persist", "NORMAL")]
+WRITERS_PER_TENANT = 2
+
+# One writer process: inserts (w, n), n counting up from its start, one
+# transaction at a time. Before BEGIN it logs "b n t", after COMMIT returns
+# "a n t" (t: the machine's monotonic clock, the same in every process); on
+# any error "e t message", and it stops: the fate of that n is unknown, so
+# it must be the writer's last. Now and then it forces a checkpoint, a WAL
+# restart or a reconnect.
+WRITER = r'''
+import random, sqlite3, sys, time
+path, mode, sync, log, w, n, seed = sys.argv[1:8]
+w, n, rng = int(w), int(n), random.Random(int(seed))
+out = open(log, "a", buffering=1)
+
+def connect():
+    db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=20, isolation_level=None)
+    db.execute(f"PRAGMA journal_mode={mode}")
+    db.execute(f"PRAGMA synchronous={sync}")
+    return db
+
+try:
+    db = connect()
+    while True:
+        out.write(f"b {n} {time.monotonic():.6f}\n")
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t(w, n, pad) VALUES (?, ?, randomblob(?))",
+                   (w, n, rng.choice((40, 400, 3000, 9000))))
+        db.execute("COMMIT")
+        out.write(f"a {n} {time.monotonic():.6f}\n")
+        n += 1
+        # A pause between transactions, as applications have: without it a
+        # writer that holds the lock in a tight loop starves the other one,
+        # whose busy handler sleeps in growing steps.
+        time.sleep(rng.uniform(0, 0.004))
+        r = rng.random()
+        if mode == "wal" and r < 0.03:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        elif mode == "wal" and r < 0.06:
+            db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+        elif r < 0.08:
+            db.close()  # the last connection's close checkpoints and deletes the WAL
+            db = connect()
+except BaseException as e:
+    out.write(f"e {time.monotonic():.6f} {type(e).__name__}: {e}\n")
+'''
+
+
+def read_log(path):
+    """(begins {n: t}, acks {n: t}, errors [(t, message)]); a line the kill cut
+    short (no newline) is left out."""
+    begins, acks, errors = {}, {}, []
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")[:-1]
+    except FileNotFoundError:
+        return begins, acks, errors
+    for line in lines:
+        kind, rest = line[:1], line[2:].split(" ", 1)
+        if kind == "b":
+            begins[int(rest[0])] = float(rest[1])
+        elif kind == "a":
+            acks[int(rest[0])] = float(rest[1])
+        elif kind == "e":
+            errors.append((float(rest[0]), rest[1] if len(rest) > 1 else ""))
+    return begins, acks, errors
+
+
+class CrashAnywhere(MountTest):
+    # Setup, then per round: the load (at most 3 s plus the writers' start),
+    # a failover's lease wait (ttl plus a refresh), the checks and a standby's
+    # restart, with room for a loaded machine.
+    TIME_LIMIT = 90 + 20 * ROUNDS
+
+    @property
+    def replica(self):
+        return f"file://{self.root}/replica"
+
+    def ragent(self, name):
+        return self.agent(name, ttl=f"{TTL_S}s", extra=["--replica", self.replica])
+
+    def serving(self):
+        for agent in self.agents:
+            if agent.running():
+                try:
+                    states = agent.states()
+                except (OSError, ValueError):
+                    continue
+                if states and all(s == "serving" for s in states):
+                    return agent
+        return None
+
+    def wait_shipped(self, agent, timeout=20):
+        def done():
+            return agent.status()["replication"]["tenants_unshipped"] == 0 and all(
+                r["replication_lag_s"] == 0 for r in agent.status()["ranges"])
+        wait_for(done, timeout, f"{agent.name}: everything shipped", poll=0.05,
+                 on_fail=agent.log_tail)
+
+    def read_tenant(self, agent, rel, timeout=20):
+        """A fresh read-write connection through the agent's mount (it rolls a
+        hot journal back, as any opener would): (integrity_check, {(w, n)})."""
+        path = os.path.join(agent.mount, rel)
+        result, last_error = [], []
+
+        def read():
+            try:
+                db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=10,
+                                     isolation_level=None)
+                try:
+                    check = db.execute("PRAGMA integrity_check").fetchall()
+                    got = set(db.execute("SELECT w, n FROM t").fetchall())
+                finally:
+                    db.close()
+            except sqlite3.Error as e:
+                last_error[:] = [f"{type(e).__name__}: {e}"]
+                return False
+            result[:] = [check, got]
+            return True
+        wait_for(read, timeout, f"{rel} to open through {agent.name}'s mount", poll=0.1,
+                 on_fail=lambda: f"last error: {last_error}\n{agent.log_tail()}")
+        return result[0], result[1]
+
+    def test_every_crash_restores_a_prefix_with_every_commit_older_than_the_window(self):
+        rng = random.Random(SEED)
+        print(f"\ncrash anywhere: {ROUNDS} rounds, seed {SEED} (FLEETFS_CRASH_SEED replays its choices); "
+              f"window {WINDOW_S:.1f} s", flush=True)
+        started = time.monotonic()
+        logs = os.path.join(self.root, "logs")
+        os.makedirs(logs)
+        a, b = self.ragent("a"), self.ragent("b")
+        a.start()
+        a.wait_states("serving")
+        b.start()
+        b.wait_states("waiting")
+        keys = tenants_in(0, 16383, len(TENANTS), prefix="crash")
+        tenants = []  # (key, rel, journal mode, synchronous)
+        for key, (mode, sync) in zip(keys, TENANTS):
+            rel = slots(key)[key]["tenant_path"]
+            db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+            db.execute(f"PRAGMA journal_mode={mode}")
+            db.execute("CREATE TABLE t(w INTEGER, n INTEGER, pad BLOB, PRIMARY KEY(w, n))")
+            db.close()
+            tenants.append((key, rel, mode, sync))
+        self.wait_shipped(a)  # the tenants exist at the replica before the first kill
+        # What each tenant held when last verified, and when: those rows were
+        # committed by then, so they too must survive a kill one window later.
+        base = {key: {w: -1 for w in range(WRITERS_PER_TENANT)} for key, *_ in tenants}
+        verified_at = time.monotonic()
+        server = a
+        totals = dict(acked=0, required=0, lost=0, restarts=0, failovers=0, raced=0)
+        max_lost_age = 0.0
+
+        for round_ in range(1, ROUNDS + 1):
+            # The load, against the server's mount.
+            procs, paths = [], {}
+            for key, rel, mode, sync in tenants:
+                for w in range(WRITERS_PER_TENANT):
+                    paths[key, w] = os.path.join(logs, f"r{round_:03d}-{key}-w{w}.log")
+                    err = open(paths[key, w] + ".stderr", "wb")
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-c", WRITER, os.path.join(server.mount, rel), mode,
+                         sync, paths[key, w], str(w), str(base[key][w] + 1),
+                         str(rng.randrange(1 << 30))], stderr=err))
+                    err.close()
+
+            def every_writer_committed():
+                for (key, w), path in paths.items():
+                    begins, acks, errors = read_log(path)
+                    if errors:
+                        raise AssertionError(f"round {round_}: writer {w} of {key} failed while "
+                                             f"{server.name} served: {errors}\n"
+                                             + server.log_tail())
+                    if not acks:
+                        return False
+                return True
+            load_from = time.monotonic()
+            wait_for(every_writer_committed, 30, f"round {round_}: every writer to commit",
+                     poll=0.02, on_fail=server.log_tail)
+            time.sleep(rng.uniform(0.5, 3.0))
+
+            # The crash, then a restart of the same agent or the other's takeover.
+            other = b if server is a else a
+            action = rng.choice(("restart", "failover"))
+            kill_at = time.monotonic()
+            server.kill9()
+            load = kill_at - load_from
+            for p in procs:
+                p.kill()
+                p.wait(10)
+            if action == "restart":
+                server.start()
+            new = None
+
+            def someone_serves():
+                nonlocal new
+                new = self.serving()
+                return new is not None
+            served_at = wait_for(someone_serves, TTL_S * 3 + 10,
+                                 f"round {round_}: an agent to serve after the kill",
+                                 poll=0.02, on_fail=lambda: a.log_tail() + "\n" + b.log_tail())
+            if action == "restart":
+                totals["restarts"] += 1
+                totals["raced"] += new is not server  # the other claimed first
+            else:
+                totals["failovers"] += 1
+
+            # The checks, through a fresh connection on the new server's mount.
+            summary = []
+            round_lost, round_required, round_acked = 0, 0, 0
+            for key, rel, mode, sync in tenants:
+                check, got = self.read_tenant(new, rel)
+                where = (f"round {round_} (seed {SEED}), tenant {key} ({mode}, {sync}): "
+                         f"{server.name} killed {kill_at - load_from:.2f} s into the load, "
+                         f"{action}, served by {new.name}")
+                if check != [("ok",)]:
+                    self.fail_with_logs(f"{where}: integrity_check says {check[:10]}")
+                writers = {w for w, _ in got}
+                if not writers <= set(range(WRITERS_PER_TENANT)):
+                    self.fail_with_logs(f"{where}: rows of unknown writers {writers}")
+                logs_of = {w: read_log(paths[key, w]) for w in range(WRITERS_PER_TENANT)}
+                top = {}
+                for w in range(WRITERS_PER_TENANT):
+                    begins, acks, errors = logs_of[w]
+                    early = [e for e in errors if e[0] < kill_at]
+                    if early:
+                        self.fail_with_logs(f"{where}: writer {w} failed before the kill: {early}")
+                    ns = sorted(n for ww, n in got if ww == w)
+                    k = ns[-1] if ns else -1
+                    top[w] = k
+                    if ns != list(range(k + 1)):
+                        holes = sorted(set(range(k + 1)) - set(ns))
+                        self.fail_with_logs(f"{where}: writer {w}'s rows are not a prefix: "
+                                            f"up to {k}, missing {holes[:20]}")
+                    attempted = max(begins, default=base[key][w])
+                    if k > attempted:
+                        self.fail_with_logs(f"{where}: writer {w} has row {k}, but never "
+                                            f"began beyond {attempted}")
+                    required = max((n for n, t in acks.items() if t <= kill_at - WINDOW_S),
+                                   default=-1)
+                    if verified_at <= kill_at - WINDOW_S:
+                        required = max(required, base[key][w])
+                    if k < required:
+                        lost = [n for n in range(k + 1, required + 1)]
+                        ages = [kill_at - acks[n] if n in acks else kill_at - verified_at
+                                for n in lost]
+                        self.fail_with_logs(
+                            f"{where}: writer {w} lost {len(lost)} commits acknowledged more "
+                            f"than {WINDOW_S:.1f} s before the kill: rows {k + 1}..{required} "
+                            f"(acknowledged {max(ages):.2f} to {min(ages):.2f} s before the "
+                            f"kill; base {base[key][w]}, verified {kill_at - verified_at:.2f} s "
+                            f"before it; last acknowledged {max(acks, default=None)})")
+                    # Commits lost inside the window, and how old the oldest was.
+                    lost = [kill_at - t for n, t in acks.items() if n > k]
+                    if k < base[key][w]:
+                        lost += [kill_at - verified_at] * (base[key][w] - k)
+                    round_lost += len(lost)
+                    max_lost_age = max([max_lost_age, *lost])
+                    round_acked += len(acks)
+                    round_required += max(required - base[key][w], 0)
+                # One prefix of the tenant's commit order, not one per writer:
+                # a present row that began after another writer's commit was
+                # acknowledged (or after the last verification) needs that commit.
+                for w in range(WRITERS_PER_TENANT):
+                    if top[w] <= base[key][w]:
+                        continue  # no row of this round
+                    began = logs_of[w][0][top[w]]
+                    for v in range(WRITERS_PER_TENANT):
+                        before = [n for n, t in logs_of[v][1].items() if t < began]
+                        need = max([base[key][v], *before])
+                        if top[v] < need:
+                            self.fail_with_logs(
+                                f"{where}: not a prefix of the commit order: writer {w}'s row "
+                                f"{top[w]} (begun {kill_at - began:.3f} s before the kill) is "
+                                f"there, but writer {v}'s row {need}, committed before it "
+                                f"began, is not (writer {v} is up to {top[v]})")
+                summary.append(f"{key}={sum(k + 1 for k in top.values())}")
+                base[key] = top
+            verified_at = time.monotonic()
+            totals["acked"] += round_acked
+            totals["required"] += round_required
+            totals["lost"] += round_lost
+            print(f"round {round_:3d}: {load:.2f} s of load, {round_acked} commits acknowledged; "
+                  f"killed {server.name}, {action}: {new.name} served after "
+                  f"{served_at - kill_at:.1f} s; {round_required} commits were due, "
+                  f"{round_lost} lost inside the window; rows {' '.join(summary)}", flush=True)
+
+            # The killed agent comes back as the standby of the new server.
+            standby = other if new is server else server
+            if not standby.running():
+                standby.start()
+            standby.wait_states("waiting", timeout=15)
+            server = new
+
+        print(f"crash anywhere: {ROUNDS} rounds in {time.monotonic() - started:.0f} s "
+              f"({totals['restarts']} restarts, {totals['raced']} of them taken over by the "
+              f"other agent, {totals['failovers']} failovers); {totals['acked']} commits "
+              f"acknowledged, {totals['required']} due and kept, {totals['lost']} lost inside "
+              f"the {WINDOW_S:.1f} s window (the oldest {max_lost_age:.2f} s before its kill)",
+              flush=True)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -12,8 +12,10 @@ reconnects (the last connection's close deletes the WAL) forced now and then.
 
 FLEETFS_CRASH_ROUNDS sets the rounds (20 by default; 200 for a soak, see the
 README), FLEETFS_CRASH_SEED replays a run's choices."""
+import bisect
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -38,16 +40,17 @@ TENANTS = [("wal", "FULL"), ("wal", "NORMAL"), ("delete", "NORMAL"), ("truncate"
            ("persist", "NORMAL")]
 WRITERS_PER_TENANT = 2
 
-# One writer process: inserts (w, n), n counting up from its start, one
-# transaction at a time. Before BEGIN it logs "b n t", after COMMIT returns
-# "a n t" (t: the machine's monotonic clock, the same in every process); on
-# any error "e t message", and it stops: the fate of that n is unknown, so
-# it must be the writer's last. Now and then it forces a checkpoint, a WAL
-# restart or a reconnect.
+# One writer process: inserts (w, n, r), n counting up from its start, r the
+# round, one transaction at a time; each also rewrites a ballast row with
+# random bytes (up to a few pages, and the database does not grow with them).
+# Before BEGIN it logs "b n t", after COMMIT returns "a n t" (t: the machine's
+# monotonic clock, the same in every process); on any error "e t message",
+# and it stops: the fate of that n is unknown, so it must be the writer's
+# last. Now and then it forces a checkpoint, a WAL restart or a reconnect.
 WRITER = r'''
 import random, sqlite3, sys, time
-path, mode, sync, log, w, n, seed = sys.argv[1:8]
-w, n, rng = int(w), int(n), random.Random(int(seed))
+path, mode, sync, log, w, n, round_, seed = sys.argv[1:9]
+w, n, round_, rng = int(w), int(n), int(round_), random.Random(int(seed))
 out = open(log, "a", buffering=1)
 
 def connect():
@@ -61,8 +64,9 @@ try:
     while True:
         out.write(f"b {n} {time.monotonic():.6f}\n")
         db.execute("BEGIN IMMEDIATE")
-        db.execute("INSERT INTO t(w, n, pad) VALUES (?, ?, randomblob(?))",
-                   (w, n, rng.choice((40, 400, 3000, 9000))))
+        db.execute("INSERT INTO t(w, n, r) VALUES (?, ?, ?)", (w, n, round_))
+        db.execute("UPDATE ballast SET pad = randomblob(?) WHERE id = ?",
+                   (rng.choice((40, 400, 3000, 9000)), rng.randrange(16)))
         db.execute("COMMIT")
         out.write(f"a {n} {time.monotonic():.6f}\n")
         n += 1
@@ -136,7 +140,7 @@ class CrashAnywhere(MountTest):
 
     def read_tenant(self, agent, rel, timeout=20):
         """A fresh read-write connection through the agent's mount (it rolls a
-        hot journal back, as any opener would): (integrity_check, {(w, n)})."""
+        hot journal back, as any opener would): (integrity_check, {(w, n): r})."""
         path = os.path.join(agent.mount, rel)
         result, last_error = [], []
 
@@ -146,7 +150,7 @@ class CrashAnywhere(MountTest):
                                      isolation_level=None)
                 try:
                     check = db.execute("PRAGMA integrity_check").fetchall()
-                    got = set(db.execute("SELECT w, n FROM t").fetchall())
+                    got = {(w, n): r for w, n, r in db.execute("SELECT w, n, r FROM t")}
                 finally:
                     db.close()
             except sqlite3.Error as e:
@@ -158,10 +162,28 @@ class CrashAnywhere(MountTest):
                  on_fail=lambda: f"last error: {last_error}\n{agent.log_tail()}")
         return result[0], result[1]
 
+    def keep_evidence(self):
+        """After a failure, with FLEETFS_KEEP_LOGS=DIR: the writers' logs, both
+        backing directories, the replica and the control database, to replay
+        what each side held (the harness keeps the agents' logs)."""
+        keep = os.environ.get("FLEETFS_KEEP_LOGS")
+        if self.finished or not keep:
+            return
+        dest = os.path.join(keep, f"crash-{os.getpid()}")
+        for part in ("logs", "a/backing", "b/backing", "replica", "control.db"):
+            src = os.path.join(self.root, part)
+            if os.path.isdir(src):
+                shutil.copytree(src, os.path.join(dest, part), dirs_exist_ok=True)
+            elif os.path.exists(src):
+                shutil.copy(src, dest)
+        print(f"kept the writers' logs, backing directories and replica in {dest}")
+
     def test_every_crash_restores_a_prefix_with_every_commit_older_than_the_window(self):
+        self.finished = False
+        self.addCleanup(self.keep_evidence)  # before the teardown ends the agents
         rng = random.Random(SEED)
-        print(f"\ncrash anywhere: {ROUNDS} rounds, seed {SEED} (FLEETFS_CRASH_SEED replays its choices); "
-              f"window {WINDOW_S:.1f} s", flush=True)
+        print(f"\ncrash anywhere: {ROUNDS} rounds, seed {SEED} (FLEETFS_CRASH_SEED replays "
+              f"its choices); window {WINDOW_S:.1f} s", flush=True)
         started = time.monotonic()
         logs = os.path.join(self.root, "logs")
         os.makedirs(logs)
@@ -176,13 +198,19 @@ class CrashAnywhere(MountTest):
             rel = slots(key)[key]["tenant_path"]
             db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
             db.execute(f"PRAGMA journal_mode={mode}")
-            db.execute("CREATE TABLE t(w INTEGER, n INTEGER, pad BLOB, PRIMARY KEY(w, n))")
+            db.execute("CREATE TABLE t(w INTEGER, n INTEGER, r INTEGER, PRIMARY KEY(w, n))")
+            db.execute("CREATE TABLE ballast(id INTEGER PRIMARY KEY, pad BLOB)")
+            db.executemany("INSERT INTO ballast VALUES (?, x'00')", [(i,) for i in range(16)])
             db.close()
             tenants.append((key, rel, mode, sync))
         self.wait_shipped(a)  # the tenants exist at the replica before the first kill
         # What each tenant held when last verified, and when: those rows were
         # committed by then, so they too must survive a kill one window later.
         base = {key: {w: -1 for w in range(WRITERS_PER_TENANT)} for key, *_ in tenants}
+        # Which round wrote each writer's rows: [(first n, round)], sorted. A
+        # row lost to a crash is written again by a later round, so a row of
+        # an older round than this says a stale copy was exposed.
+        written_in = {key: {w: [] for w in range(WRITERS_PER_TENANT)} for key, *_ in tenants}
         verified_at = time.monotonic()
         server = a
         totals = dict(acked=0, required=0, lost=0, restarts=0, failovers=0, raced=0)
@@ -194,10 +222,13 @@ class CrashAnywhere(MountTest):
             for key, rel, mode, sync in tenants:
                 for w in range(WRITERS_PER_TENANT):
                     paths[key, w] = os.path.join(logs, f"r{round_:03d}-{key}-w{w}.log")
+                    first = base[key][w] + 1
+                    written_in[key][w] = [(n, r) for n, r in written_in[key][w] if n < first]
+                    written_in[key][w].append((first, round_))
                     err = open(paths[key, w] + ".stderr", "wb")
                     procs.append(subprocess.Popen(
                         [sys.executable, "-c", WRITER, os.path.join(server.mount, rel), mode,
-                         sync, paths[key, w], str(w), str(base[key][w] + 1),
+                         sync, paths[key, w], str(w), str(first), str(round_),
                          str(rng.randrange(1 << 30))], stderr=err))
                     err.close()
 
@@ -263,6 +294,15 @@ class CrashAnywhere(MountTest):
                     if early:
                         self.fail_with_logs(f"{where}: writer {w} failed before the kill: {early}")
                     ns = sorted(n for ww, n in got if ww == w)
+                    firsts = [fn for fn, _ in written_in[key][w]]
+                    for n in ns:
+                        by = written_in[key][w][bisect.bisect_right(firsts, n) - 1][1]
+                        if got[w, n] != by:
+                            self.fail_with_logs(
+                                f"{where}: writer {w}'s row {n} is the one round {got[w, n]} "
+                                f"wrote, but a crash lost it and round {by} wrote it again: "
+                                f"a stale copy of the tenant was exposed (rounds of writer "
+                                f"{w}'s rows: {written_in[key][w][-6:]})")
                     k = ns[-1] if ns else -1
                     top[w] = k
                     if ns != list(range(k + 1)):
@@ -335,6 +375,7 @@ class CrashAnywhere(MountTest):
               f"acknowledged, {totals['required']} due and kept, {totals['lost']} lost inside "
               f"the {WINDOW_S:.1f} s window (the oldest {max_lost_age:.2f} s before its kill)",
               flush=True)
+        self.finished = True
 
 
 if __name__ == "__main__":

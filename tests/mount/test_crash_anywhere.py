@@ -117,8 +117,9 @@ class CrashAnywhere(MountTest):
     def replica(self):
         return f"file://{self.root}/replica"
 
-    def ragent(self, name):
-        return self.agent(name, ttl=f"{TTL_S}s", extra=["--replica", self.replica])
+    def ragent(self, name, sync=None):
+        extra = ["--replica", self.replica] + (["--sync-interval", sync] if sync else [])
+        return self.agent(name, ttl=f"{TTL_S}s", extra=extra)
 
     def serving(self):
         for agent in self.agents:
@@ -376,6 +377,71 @@ class CrashAnywhere(MountTest):
               f"the {WINDOW_S:.1f} s window (the oldest {max_lost_age:.2f} s before its kill)",
               flush=True)
         self.finished = True
+
+    def test_a_failover_back_exposes_no_commit_the_first_failover_lost(self):
+        """The sequence the rounds above found, made certain: A's last commits
+        are unshipped when it is killed, so B's restore loses them (allowed);
+        B serves commits and is killed before its first sync round, so the
+        replica holds nothing of B's epoch; A takes over again. A's own file
+        still holds the commits the first failover lost: exposing it would
+        bring back commits the writers saw lost, and lose B's, a history that
+        forks, never a prefix of what the writers saw commit."""
+        self.finished = True  # nothing to keep beyond the agents' logs
+        # No sync round falls inside the sequence: what ships is what a stop ships.
+        a, b = self.ragent("a", sync="60s"), self.ragent("b", sync="60s")
+        a.start()
+        a.wait_states("serving")
+        key = tenants_in(0, 16383, 1, prefix="back")[0]
+        rel = slots(key)[key]["tenant_path"]
+
+        def insert(agent, rows):
+            db = sqlite3.connect(os.path.join(agent.mount, rel), isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY)")
+            for row in rows:
+                db.execute("INSERT INTO t VALUES (?)", (row,))
+            db.close()
+
+        def ids(agent):
+            check, got = None, None
+
+            def read():
+                nonlocal check, got
+                db = sqlite3.connect(f"file:{os.path.join(agent.mount, rel)}?mode=rw",
+                                     uri=True, timeout=10)
+                try:
+                    check = db.execute("PRAGMA integrity_check").fetchone()[0]
+                    got = {r[0] for r in db.execute("SELECT id FROM t")}
+                finally:
+                    db.close()
+                return True
+            wait_for(read, 20, f"{rel} to open through {agent.name}", poll=0.1,
+                     on_fail=agent.log_tail)
+            self.assertEqual(check, "ok")
+            return got
+
+        insert(a, range(10))
+        self.assertEqual(a.stop(), 0)  # ships rows 0..9
+        a.start()  # the same owner takes its range back at once
+        a.wait_states("serving")
+        b.start()
+        b.wait_states("waiting")
+        insert(a, range(10, 20))  # acknowledged, never shipped
+        a.kill9()
+        b.wait_states("serving", timeout=TTL_S * 3)
+        self.assertEqual(ids(b), set(range(10)), "B's restore is not what A shipped")
+        insert(b, range(100, 110))  # acknowledged, never shipped
+        b.kill9()
+        a.start()
+        a.wait_states("serving", timeout=TTL_S * 3)
+        got = ids(a)
+        # A prefix of the history the writers saw: rows 0..9, then B's, in order.
+        history = list(range(10)) + list(range(100, 110))
+        self.assertIn(got, [set(history[:i]) for i in range(10, len(history) + 1)],
+                      f"A exposed {sorted(got - set(history))[:20]} (the commits the failover "
+                      f"to B lost) and {len(got & set(range(100, 110)))} of B's 10 commits; "
+                      f"the failover back is not a prefix of the history\n" + a.log_tail()
+                      + "\n" + b.log_tail())
 
 
 if __name__ == "__main__":

@@ -579,7 +579,7 @@ bool Replicator::Impl::Sync(Tenant& t) {
     // Nothing ships under an epoch before the file was checked against the
     // replica at it (a restart's stale copy would become the newest state):
     // the check is queued, and the generation starts after it.
-    Prepare(t.main(), epoch, nullptr, /*warm=*/true);
+    Prepare(t.main(), epoch, nullptr, /*warm=*/false);  // ahead of warm-ups: a stop waits for it
     return false;
   }
   auto gens = ListGenerations(*o_.destination, t.key_dir());
@@ -1066,7 +1066,10 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
     return EIO;
   }
   if (Status stamped = WriteStamps(file.get(), f.epoch, main.key, main.main_path); !stamped.ok()) {
-    spdlog::warn("replica: {}", stamped.message());
+    // Exposed unstamped, the file would be taken for a stale copy by the
+    // next check (our own marker is newer than its stamp) and replaced.
+    spdlog::error("replica: {}", stamped.message());
+    return EIO;
   }
   return 0;
 }
@@ -1105,6 +1108,12 @@ Status Replicator::Impl::MarkTakeover(const FleetFile& main, std::uint64_t epoch
       "taken at epoch " + std::to_string(epoch) + "\n"));
   spdlog::info("replica: {} taken at epoch {} (generation {} marks it)", main.main_path, epoch,
                marker.Name());
+  // The marker it supersedes says nothing more: removed, so an idle key
+  // keeps one marker however many takeovers it sees.
+  auto previous = DescribeGeneration(*o_.destination, KeyDir(main), gens.back());
+  if (previous.ok() && previous->objects.empty()) {
+    (void)o_.destination->Remove(GenerationDir(KeyDir(main), gens.back()));
+  }
   return Status::Ok();
 }
 
@@ -1122,6 +1131,14 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   if (!fd.valid()) {
     spdlog::error("replica: cannot make a restore file in {}/{}: {}", o_.backing,
                   std::string(kSpoolDir), std::strerror(errno));
+    return EIO;
+  }
+  // The marker goes first: an older owner still shipping sees it at its next
+  // upload and stops, so what it ships cannot land under the download.
+  if (!StillServed(main, epoch)) return NotServed(main, epoch, "restore");
+  if (Status marked = MarkTakeover(main, epoch); !marked.ok()) {
+    spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, epoch,
+                  marked.message());
     return EIO;
   }
   auto outcome = RestoreTo(*o_.destination, KeyDir(main), std::nullopt, fd.get());
@@ -1181,11 +1198,6 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   auto dir = OpenOrMakeBucket(root_.get(), bucket);
   if (!dir.ok()) {
     spdlog::error("replica: restoring {}: {}", main.main_path, dir.status().message());
-    return EIO;
-  }
-  if (Status marked = MarkTakeover(main, epoch); !marked.ok()) {
-    spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, epoch,
-                  marked.message());
     return EIO;
   }
   // The last check, immediately before anything is changed in the bucket.

@@ -1,3 +1,4 @@
+#include "fleet/little_endian.h"
 #include "fleet/replica_object.h"
 
 #include <unistd.h>
@@ -17,30 +18,18 @@ constexpr std::string_view kTombstoneMagic = "FLFSTMB1";
 constexpr int kZstdLevel = 1;  // restore speed is the same at any level; capture wants speed
 constexpr std::size_t kChunk = 1 << 20;
 
-template <typename T>
-void Put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (x86-64, arm64)
-  out.append(b, sizeof(T));
-}
-template <typename T>
-T Get(std::string_view in, std::size_t at) {
-  T v;
-  std::memcpy(&v, in.data() + at, sizeof(T));
-  return v;
-}
 
 std::string Header(std::string_view magic, std::uint32_t commits, WallMs first, WallMs last,
                    std::uint64_t size, std::uint64_t stored, std::uint64_t hash,
                    std::uint32_t extra = 0) {
   std::string h(magic);
-  Put<std::uint32_t>(h, commits);
-  Put<std::uint32_t>(h, extra);
-  Put<std::int64_t>(h, first);
-  Put<std::int64_t>(h, last);
-  Put<std::uint64_t>(h, size);
-  Put<std::uint64_t>(h, stored);
-  Put<std::uint64_t>(h, hash);
+  PutLittleEndian<std::uint32_t>(h, commits);
+  PutLittleEndian<std::uint32_t>(h, extra);
+  PutLittleEndian<std::int64_t>(h, first);
+  PutLittleEndian<std::int64_t>(h, last);
+  PutLittleEndian<std::uint64_t>(h, size);
+  PutLittleEndian<std::uint64_t>(h, stored);
+  PutLittleEndian<std::uint64_t>(h, hash);
   return h;
 }
 
@@ -72,16 +61,16 @@ Result<ObjectSummary> Summarize(std::string_view h) {
   else if (magic == kSegmentMagic) s.kind = ObjectKind::kSegment;
   else if (magic == kTombstoneMagic) s.kind = ObjectKind::kTombstone;
   else return DataLoss("the object does not start with a fleetfs replica header");
-  s.commits = Get<std::uint32_t>(h, 8);
-  s.first_ms = Get<std::int64_t>(h, 16);
-  s.last_ms = Get<std::int64_t>(h, 24);
+  s.commits = GetLittleEndian<std::uint32_t>(h, 8);
+  s.first_ms = GetLittleEndian<std::int64_t>(h, 16);
+  s.last_ms = GetLittleEndian<std::int64_t>(h, 24);
   if (s.kind == ObjectKind::kSnapshot) {
     // A snapshot keeps the file's mode in the spare word and its owner where
     // a segment keeps its stored length.
-    s.db_size = Get<std::uint64_t>(h, 32);
-    s.owner.mode = Get<std::uint32_t>(h, 12);
-    s.owner.uid = Get<std::uint32_t>(h, 40);
-    s.owner.gid = Get<std::uint32_t>(h, 44);
+    s.db_size = GetLittleEndian<std::uint64_t>(h, 32);
+    s.owner.mode = GetLittleEndian<std::uint32_t>(h, 12);
+    s.owner.uid = GetLittleEndian<std::uint32_t>(h, 40);
+    s.owner.gid = GetLittleEndian<std::uint32_t>(h, 44);
   }
   return s;
 }
@@ -89,12 +78,12 @@ Result<ObjectSummary> Summarize(std::string_view h) {
 std::string EncodeSegment(const std::vector<Txn>& txns) {
   std::string raw;
   for (const Txn& t : txns) {
-    Put<std::int64_t>(raw, t.commit_ms);
-    Put<std::uint64_t>(raw, t.db_size);
-    Put<std::uint32_t>(raw, static_cast<std::uint32_t>(t.writes.size()));
+    PutLittleEndian<std::int64_t>(raw, t.commit_ms);
+    PutLittleEndian<std::uint64_t>(raw, t.db_size);
+    PutLittleEndian<std::uint32_t>(raw, static_cast<std::uint32_t>(t.writes.size()));
     for (const PageWrite& w : t.writes) {
-      Put<std::uint64_t>(raw, w.offset);
-      Put<std::uint32_t>(raw, static_cast<std::uint32_t>(w.data.size()));
+      PutLittleEndian<std::uint64_t>(raw, w.offset);
+      PutLittleEndian<std::uint32_t>(raw, static_cast<std::uint32_t>(w.data.size()));
       raw += w.data;
     }
   }
@@ -112,9 +101,9 @@ Result<std::vector<Txn>> DecodeSegment(std::string_view bytes) {
   FLEETFS_ASSIGN_OR_RETURN(ObjectSummary s, Summarize(bytes));
   if (s.kind != ObjectKind::kSegment) return DataLoss("expected a segment, found a " +
                                                       std::string(KindName(s.kind)));
-  std::uint64_t raw_len = Get<std::uint64_t>(bytes, 32);
-  std::uint64_t stored_len = Get<std::uint64_t>(bytes, 40);
-  std::uint64_t hash = Get<std::uint64_t>(bytes, 48);
+  std::uint64_t raw_len = GetLittleEndian<std::uint64_t>(bytes, 32);
+  std::uint64_t stored_len = GetLittleEndian<std::uint64_t>(bytes, 40);
+  std::uint64_t hash = GetLittleEndian<std::uint64_t>(bytes, 48);
   std::string_view stored = bytes.substr(kObjectHeaderBytes);
   if (stored.size() != stored_len) {
     return DataLoss("truncated: " + std::to_string(stored.size()) + " of " +
@@ -144,15 +133,15 @@ Result<std::vector<Txn>> DecodeSegment(std::string_view bytes) {
   for (std::uint32_t i = 0; i < s.commits; ++i) {
     if (!need(20)) return DataLoss("transaction " + std::to_string(i) + " is cut short");
     Txn t;
-    t.commit_ms = Get<std::int64_t>(raw, at);
-    t.db_size = Get<std::uint64_t>(raw, at + 8);
-    std::uint32_t nwrites = Get<std::uint32_t>(raw, at + 16);
+    t.commit_ms = GetLittleEndian<std::int64_t>(raw, at);
+    t.db_size = GetLittleEndian<std::uint64_t>(raw, at + 8);
+    std::uint32_t nwrites = GetLittleEndian<std::uint32_t>(raw, at + 16);
     at += 20;
     for (std::uint32_t w = 0; w < nwrites; ++w) {
       if (!need(12)) return DataLoss("transaction " + std::to_string(i) + " is cut short");
       PageWrite pw;
-      pw.offset = Get<std::uint64_t>(raw, at);
-      std::uint32_t len = Get<std::uint32_t>(raw, at + 8);
+      pw.offset = GetLittleEndian<std::uint64_t>(raw, at);
+      std::uint32_t len = GetLittleEndian<std::uint32_t>(raw, at + 8);
       at += 12;
       if (!need(len)) return DataLoss("transaction " + std::to_string(i) + " is cut short");
       pw.data.assign(raw, at, len);
@@ -243,7 +232,7 @@ Status SnapshotReader::Feed(std::string_view bytes) {
     if (summary_.kind != ObjectKind::kSnapshot) {
       return DataLoss("expected a snapshot, found a " + std::string(KindName(summary_.kind)));
     }
-    expected_hash_ = Get<std::uint64_t>(header_, 48);
+    expected_hash_ = GetLittleEndian<std::uint64_t>(header_, 48);
     have_header_ = true;
   }
   ZSTD_inBuffer input{bytes.data(), bytes.size(), 0};

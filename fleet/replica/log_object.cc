@@ -1,3 +1,4 @@
+#include "fleet/little_endian.h"
 #include "fleet/replica/log_object.h"
 
 #include <unistd.h>
@@ -40,18 +41,6 @@ constexpr std::size_t kChunk = 1 << 20;
 constexpr std::uint64_t kOutBufMaxBytes = 4 << 20;
 constexpr std::uint64_t kOutBufMinBytes = 4096;
 
-template <typename T>
-void Put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (x86-64, arm64)
-  out.append(b, sizeof(T));
-}
-template <typename T>
-T Get(std::string_view in, std::size_t at) {
-  T v;
-  std::memcpy(&v, in.data() + at, sizeof(T));
-  return v;
-}
 
 std::string N(std::uint64_t v) { return std::to_string(v); }
 
@@ -90,12 +79,12 @@ Result<std::size_t> HeaderSizeFromFixed(std::string_view head) {
     }
     return DataLoss("the object does not start with a fleetfs replica log header");
   }
-  const auto version = Get<std::uint32_t>(head, kOffVersion);
+  const auto version = GetLittleEndian<std::uint32_t>(head, kOffVersion);
   if (version != kLogFormatVersion) {
     return DataLoss("the object is in replica log format version " + N(version) +
                     "; this fleetfs reads version " + N(kLogFormatVersion));
   }
-  const auto key_len = Get<std::uint32_t>(head, kOffKeyLen);
+  const auto key_len = GetLittleEndian<std::uint32_t>(head, kOffKeyLen);
   if (key_len == 0 || key_len > kMaxLogKeyBytes) {
     return DataLoss("the header declares a key of " + N(key_len) + " bytes; a key is 1 to " +
                     N(kMaxLogKeyBytes) + " bytes");
@@ -222,9 +211,9 @@ Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) 
     const std::string which = "transaction " + N(i);
     if (left() < kTxnHeadBytes) return DataLoss(which + " is cut short");
     Txn t;
-    t.commit_ms = Get<std::int64_t>(raw, at);
-    t.db_size = Get<std::uint64_t>(raw, at + 8);
-    const auto nwrites = Get<std::uint32_t>(raw, at + 16);
+    t.commit_ms = GetLittleEndian<std::int64_t>(raw, at);
+    t.db_size = GetLittleEndian<std::uint64_t>(raw, at + 8);
+    const auto nwrites = GetLittleEndian<std::uint32_t>(raw, at + 16);
     at += kTxnHeadBytes;
     if (t.db_size > kMaxLogDatabaseBytes) {
       return DataLoss(which + " leaves a database of " + N(t.db_size) + " bytes, above the " +
@@ -237,8 +226,8 @@ Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) 
     for (std::uint32_t w = 0; w < nwrites; ++w) {
       if (left() < kWriteHeadBytes) return DataLoss(which + " is cut short");
       PageWrite pw;
-      pw.offset = Get<std::uint64_t>(raw, at);
-      const auto len = Get<std::uint32_t>(raw, at + 8);
+      pw.offset = GetLittleEndian<std::uint64_t>(raw, at);
+      const auto len = GetLittleEndian<std::uint32_t>(raw, at + 8);
       at += kWriteHeadBytes;
       if (len > left()) return DataLoss(which + " is cut short");
       if (pw.offset > kMaxLogDatabaseBytes - len) {
@@ -275,25 +264,25 @@ std::uint64_t ObjectChecksum(std::string_view object) {
 
 std::string EncodeLogHeader(const LogHeader& h) {
   std::string out(kMagic);
-  Put<std::uint32_t>(out, kLogFormatVersion);
-  Put<std::uint32_t>(out, static_cast<std::uint32_t>(h.kind));
-  Put<std::uint64_t>(out, h.epoch);
-  Put<std::uint64_t>(out, h.seq);
-  Put<std::int64_t>(out, h.first_ms);
-  Put<std::int64_t>(out, h.last_ms);
-  Put<std::uint64_t>(out, h.db_size);
-  Put<std::uint32_t>(out, h.owner.uid);
-  Put<std::uint32_t>(out, h.owner.gid);
-  Put<std::uint32_t>(out, h.owner.mode);
-  Put<std::uint32_t>(out, h.commits);
-  Put<std::uint64_t>(out, h.prev);
-  Put<std::uint64_t>(out, h.body_bytes);
-  Put<std::uint64_t>(out, h.body_raw_bytes);
-  Put<std::uint64_t>(out, h.body_hash);
-  Put<std::uint32_t>(out, static_cast<std::uint32_t>(h.key.size()));
-  Put<std::uint32_t>(out, 0);
+  PutLittleEndian<std::uint32_t>(out, kLogFormatVersion);
+  PutLittleEndian<std::uint32_t>(out, static_cast<std::uint32_t>(h.kind));
+  PutLittleEndian<std::uint64_t>(out, h.epoch);
+  PutLittleEndian<std::uint64_t>(out, h.seq);
+  PutLittleEndian<std::int64_t>(out, h.first_ms);
+  PutLittleEndian<std::int64_t>(out, h.last_ms);
+  PutLittleEndian<std::uint64_t>(out, h.db_size);
+  PutLittleEndian<std::uint32_t>(out, h.owner.uid);
+  PutLittleEndian<std::uint32_t>(out, h.owner.gid);
+  PutLittleEndian<std::uint32_t>(out, h.owner.mode);
+  PutLittleEndian<std::uint32_t>(out, h.commits);
+  PutLittleEndian<std::uint64_t>(out, h.prev);
+  PutLittleEndian<std::uint64_t>(out, h.body_bytes);
+  PutLittleEndian<std::uint64_t>(out, h.body_raw_bytes);
+  PutLittleEndian<std::uint64_t>(out, h.body_hash);
+  PutLittleEndian<std::uint32_t>(out, static_cast<std::uint32_t>(h.key.size()));
+  PutLittleEndian<std::uint32_t>(out, 0);
   out += h.key;
-  Put<std::uint64_t>(out, XXH64(out.data(), out.size(), 0));
+  PutLittleEndian<std::uint64_t>(out, XXH64(out.data(), out.size(), 0));
   return out;
 }
 
@@ -304,32 +293,32 @@ Result<LogHeader> Summarize(std::string_view head, const LogExpectation& expecte
                     "-byte header");
   }
   const std::size_t hash_at = size - kLogHeaderHashBytes;
-  if (XXH64(head.data(), hash_at, 0) != Get<std::uint64_t>(head, hash_at)) {
+  if (XXH64(head.data(), hash_at, 0) != GetLittleEndian<std::uint64_t>(head, hash_at)) {
     return DataLoss("header checksum mismatch");
   }
   // From here every field is as its writer wrote it; what is left is whether
   // the writer followed the rules, and whether it is the object expected.
   LogHeader h;
-  const auto kind = Get<std::uint32_t>(head, kOffKind);
+  const auto kind = GetLittleEndian<std::uint32_t>(head, kOffKind);
   if (kind < static_cast<std::uint32_t>(LogKind::kSnapshot) ||
       kind > static_cast<std::uint32_t>(LogKind::kMarker)) {
     return DataLoss("kind " + N(kind) + " is no log object kind");
   }
   h.kind = static_cast<LogKind>(kind);
-  h.epoch = Get<std::uint64_t>(head, kOffEpoch);
-  h.seq = Get<std::uint64_t>(head, kOffSeq);
-  h.first_ms = Get<std::int64_t>(head, kOffFirst);
-  h.last_ms = Get<std::int64_t>(head, kOffLast);
-  h.db_size = Get<std::uint64_t>(head, kOffDbSize);
-  h.owner.uid = Get<std::uint32_t>(head, kOffUid);
-  h.owner.gid = Get<std::uint32_t>(head, kOffGid);
-  h.owner.mode = Get<std::uint32_t>(head, kOffMode);
-  h.commits = Get<std::uint32_t>(head, kOffCommits);
-  h.prev = Get<std::uint64_t>(head, kOffPrev);
-  h.body_bytes = Get<std::uint64_t>(head, kOffBodyBytes);
-  h.body_raw_bytes = Get<std::uint64_t>(head, kOffBodyRaw);
-  h.body_hash = Get<std::uint64_t>(head, kOffBodyHash);
-  if (Get<std::uint32_t>(head, kOffZero) != 0) {
+  h.epoch = GetLittleEndian<std::uint64_t>(head, kOffEpoch);
+  h.seq = GetLittleEndian<std::uint64_t>(head, kOffSeq);
+  h.first_ms = GetLittleEndian<std::int64_t>(head, kOffFirst);
+  h.last_ms = GetLittleEndian<std::int64_t>(head, kOffLast);
+  h.db_size = GetLittleEndian<std::uint64_t>(head, kOffDbSize);
+  h.owner.uid = GetLittleEndian<std::uint32_t>(head, kOffUid);
+  h.owner.gid = GetLittleEndian<std::uint32_t>(head, kOffGid);
+  h.owner.mode = GetLittleEndian<std::uint32_t>(head, kOffMode);
+  h.commits = GetLittleEndian<std::uint32_t>(head, kOffCommits);
+  h.prev = GetLittleEndian<std::uint64_t>(head, kOffPrev);
+  h.body_bytes = GetLittleEndian<std::uint64_t>(head, kOffBodyBytes);
+  h.body_raw_bytes = GetLittleEndian<std::uint64_t>(head, kOffBodyRaw);
+  h.body_hash = GetLittleEndian<std::uint64_t>(head, kOffBodyHash);
+  if (GetLittleEndian<std::uint32_t>(head, kOffZero) != 0) {
     return DataLoss("the header's reserved word is not zero");
   }
   h.key.assign(head.substr(kLogFixedHeaderBytes, size - kLogFixedHeaderBytes - kLogHeaderHashBytes));
@@ -381,12 +370,12 @@ Result<EncodedLogObject> EncodeLogSegment(const LogPosition& at, const std::vect
   std::string raw;
   raw.reserve(raw_size);
   for (const Txn& t : txns) {
-    Put<std::int64_t>(raw, t.commit_ms);
-    Put<std::uint64_t>(raw, t.db_size);
-    Put<std::uint32_t>(raw, static_cast<std::uint32_t>(t.writes.size()));
+    PutLittleEndian<std::int64_t>(raw, t.commit_ms);
+    PutLittleEndian<std::uint64_t>(raw, t.db_size);
+    PutLittleEndian<std::uint32_t>(raw, static_cast<std::uint32_t>(t.writes.size()));
     for (const PageWrite& w : t.writes) {
-      Put<std::uint64_t>(raw, w.offset);
-      Put<std::uint32_t>(raw, static_cast<std::uint32_t>(w.data.size()));
+      PutLittleEndian<std::uint64_t>(raw, w.offset);
+      PutLittleEndian<std::uint32_t>(raw, static_cast<std::uint32_t>(w.data.size()));
       raw += w.data;
     }
   }

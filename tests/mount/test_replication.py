@@ -231,10 +231,13 @@ class Replication(MountTest):
         db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
         db.execute("INSERT INTO t(id, pad) VALUES (1, x'01')")
         wait_for(lambda: "dropping range" in a.log(), 10, "A drops the range", on_fail=a.log_tail)
+        # The replicator asks the agent's loop to drop the range; the handles
+        # are fenced once the loop has done so (under load, a moment later).
+        wait_for(lambda: "it was lost; hiding it and fencing its handles" in a.log(), 10,
+                 "A fences the range's handles", on_fail=a.log_tail)
         with self.assertRaises(sqlite3.OperationalError):
             db.execute("INSERT INTO t(id, pad) VALUES (2, x'02')")
         db.close()
-        self.assertIn("it was lost; hiding it and fencing its handles", a.log())
         # Claimed again above the floor, and served at an epoch above the replica's.
         a.wait_states("serving", timeout=TTL_S * 3)
         self.assertGreater(a.status()["ranges"][0]["epoch"], newer)

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -164,6 +165,12 @@ class MountTest(unittest.TestCase):
 
     def _teardown(self):
         signal.alarm(0)
+        # A failed test prints what its agents logged: a CI run keeps no
+        # files, and a flaky failure is diagnosed from this or not at all.
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        if result and any(t is self for t, _ in result.failures + result.errors):
+            for agent in self.agents:
+                sys.stderr.write("\n" + agent.log_tail() + "\n")
         for agent in self.agents:
             agent.cleanup()
         shutil.rmtree(self.root, ignore_errors=True)

@@ -519,8 +519,9 @@ int Agent::Run(std::ostream& err) {
   // fleetfs mount that does not answer here is one it left behind.
   if (Status cleared = ClearMountPoint(config_.mountpoint); !cleared.ok()) return fail(cleared);
 
-  auto store = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
-  if (!store.ok()) return fail(store.status().WithContext("store"));
+  auto opened = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
+  if (!opened.ok()) return fail(opened.status().WithContext("store"));
+  std::shared_ptr<lease::OwnershipStore> store(std::move(*opened));
   auto host = lease::HostOwnership::Make(config_.owner, config_.ranges, config_.ttl);
   if (!host.ok()) return fail(host.status());
 
@@ -541,6 +542,12 @@ int Agent::Run(std::ostream& err) {
         if (range.Contains(slot)) return epoch.value();
       }
       return std::nullopt;
+    };
+    // An epoch in the replica above the store's counter is corruption, never
+    // a fence: read on the shipping thread, only when an object claims one.
+    ro.epoch_ceiling = [store]() -> Result<std::uint64_t> {
+      FLEETFS_ASSIGN_OR_RETURN(lease::OwnershipTable table, store->Read());
+      return table.last_epoch().value();
     };
     ro.on_newer_epoch = [this](Slot slot, std::uint64_t newer) {
       // Another host wrote a newer epoch: drop the range now, claim above it later.
@@ -575,7 +582,7 @@ int Agent::Run(std::ostream& err) {
   sigint_.data = this;
 
   refresher_ = std::make_unique<lease::Refresher>(
-      std::move(*host), std::shared_ptr<lease::OwnershipStore>(std::move(*store)), mono_,
+      std::move(*host), store, mono_,
       [this](lease::Refresher::Task task) { Post(std::move(task)); });
   refresher_->SetReportListener([this](const lease::RefreshReport& report) {
     auto add = [&](Outcome o, std::size_t n) {

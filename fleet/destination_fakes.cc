@@ -199,16 +199,21 @@ int FailingDestination::injected_failures() const {
   return failed_;
 }
 
-Status FailingDestination::Check(Request kind, std::optional<std::uint64_t> write_bytes) {
+Status FailingDestination::Check(Request kind, std::optional<std::uint64_t> write_bytes,
+                                 bool* landed) {
   std::lock_guard lock(mu_);
   std::optional<Status> verdict;
   for (Armed& a : faults_) {
     const Fault& f = a.fault;
     if (f.kind && *f.kind != kind) continue;
     if (f.writes_over && (!write_bytes || *write_bytes <= *f.writes_over)) continue;
+    if (f.after_landing && landed == nullptr) continue;
     ++a.seen;
     bool fires = a.seen > f.skip && (f.times < 0 || a.seen <= f.skip + f.times);
-    if (fires && !verdict) verdict = f.status;
+    if (fires && !verdict) {
+      verdict = f.status;
+      if (landed) *landed = f.after_landing;
+    }
   }
   if (!verdict) return Status::Ok();
   ++failed_;
@@ -234,13 +239,19 @@ Status FailingDestination::PutFile(std::string_view path, int fd) {
   return inner_->PutFile(path, fd);
 }
 Status FailingDestination::Create(std::string_view path, std::string_view bytes) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kCreate, bytes.size()));
-  return inner_->Create(path, bytes);
+  bool landed = false;
+  Status st = Check(Request::kCreate, bytes.size(), &landed);
+  if (!st.ok() && !landed) return st;
+  Status created = inner_->Create(path, bytes);
+  return landed ? st : created;
 }
 Status FailingDestination::CreateFromFile(std::string_view path, int fd) {
   FLEETFS_ASSIGN_OR_RETURN(std::uint64_t size, FileSize(fd));
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kCreate, size));
-  return inner_->CreateFromFile(path, fd);
+  bool landed = false;
+  Status st = Check(Request::kCreate, size, &landed);
+  if (!st.ok() && !landed) return st;
+  Status created = inner_->CreateFromFile(path, fd);
+  return landed ? st : created;
 }
 Status FailingDestination::Get(std::string_view path, const Sink& sink) {
   FLEETFS_RETURN_IF_ERROR(Check(Request::kGet, std::nullopt));

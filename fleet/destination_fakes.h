@@ -81,6 +81,9 @@ struct Fault {
   // When set, the fault matches only writes (puts, creates, probes) of more
   // than this many bytes. A probe writes none.
   std::optional<std::uint64_t> writes_over = std::nullopt;
+  // The write is done, and then its answer is lost: the caller sees the
+  // status although the object landed (a timeout after the server wrote).
+  bool after_landing = false;
 };
 
 class FailingDestination final : public Destination {
@@ -98,6 +101,11 @@ class FailingDestination final : public Destination {
   // The n-th call of `kind` from now (1 is the next one) fails, once.
   void FailNth(Request kind, int n, Status status) {
     Inject(Fault{.kind = kind, .status = std::move(status), .skip = n - 1, .times = 1});
+  }
+  // The n-th create of `kind` from now lands, and its answer is lost, once.
+  void LoseAnswerOfNth(Request kind, int n, Status status) {
+    Inject(Fault{.kind = kind, .status = std::move(status), .skip = n - 1, .times = 1,
+                 .after_landing = true});
   }
   // A full disk: every write of more than `bytes` bytes fails.
   void FailWritesOver(std::uint64_t bytes, Status status) {
@@ -130,7 +138,9 @@ class FailingDestination final : public Destination {
   };
   // The status of the fault that fails this call, or OK. `write_bytes` is
   // set for writes only.
-  Status Check(Request kind, std::optional<std::uint64_t> write_bytes);
+  // `landed`, when given, is set when the failure is one whose call must
+  // reach the inner destination first (Fault::after_landing).
+  Status Check(Request kind, std::optional<std::uint64_t> write_bytes, bool* landed = nullptr);
 
   const std::shared_ptr<Destination> inner_;
   mutable std::mutex mu_;  // guards faults_ and failed_

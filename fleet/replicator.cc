@@ -13,14 +13,17 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <list>
 #include <map>
 #include <thread>
 #include <unordered_map>
 
 #include "fleet/replica/capture.h"
-#include "fleet/replica_catalog.h"
-#include "fleet/replica_object.h"
+#include "fleet/replica/log_names.h"
+#include "fleet/replica/log_reader.h"
+#include "fleet/replica/log_writer.h"
+#include "fleet/replica/ship_decision.h"
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
 #include "fleet/wal_format.h"
@@ -30,8 +33,9 @@ namespace {
 
 constexpr std::string_view kMarkerDir = kUnshippedMarkerDir;
 constexpr std::string_view kSpoolDir = ".fleetfs/spool";
-// The one object of a takeover's empty generation (see MarkTakeover).
-constexpr std::string_view kTakeoverMarkerName = "taken";
+// One file per tenant deleted through the mount whose tombstone is not yet
+// in its log, holding "<epoch> <deletion ms>": a delete survives a crash.
+constexpr std::string_view kDeletedDir = ".fleetfs/deleted";
 constexpr std::size_t kLagSamples = 4096;
 // Internal to the prepare path (never an answer): a restore found the file
 // made meanwhile, so the file there is checked again as any file found here.
@@ -121,6 +125,7 @@ struct Counters {
 }  // namespace
 
 class Tenant;
+struct KeyLog;
 
 class Replicator::Impl {
  public:
@@ -160,19 +165,54 @@ class Replicator::Impl {
   };
 
   std::shared_ptr<Tenant> TenantFor(const FleetFile& main, bool create);
+  // The key's log state, made on first use and kept for the agent's life.
+  std::shared_ptr<KeyLog> LogFor(const FleetFile& main);
   void UploadLoop();
   void SyncAll();
   // One round of shipping; true when nothing is left unshipped.
   bool Round();
   // One round for one tenant; true when it has nothing left to ship.
   bool Sync(Tenant& t);
-  Status UploadSegment(Tenant& t);
-  Status StartGeneration(Tenant& t, const std::vector<GenerationId>& gens);
-  Status PeriodicSnapshot(Tenant& t);
-  void Prune(Tenant& t);  // retention, after a new snapshot
-  Result<UniqueFd> TakeSnapshot(Tenant& t, std::vector<Txn>* before,
-                                std::uint64_t* gap_mark = nullptr);
+  Status ShipSegment(Tenant& t);
+  Status ShipSnapshot(Tenant& t, bool periodic);
+  // Copies the tenant's committed state into a spool file under its write
+  // gate: the key's pending snapshot (and, for a periodic one, the segment
+  // of the commits since the last, before it).
+  Status StageSnapshot(Tenant& t, bool periodic);
+  Status AppendPendingSegment(KeyLog& k, const FleetFile& main, Capture* capture);
+  Status AppendPendingSnapshot(KeyLog& k, const FleetFile& main, Capture* capture);
+  void Prune(KeyLog& k, const FleetFile& main);  // retention, after a new snapshot
   void UploadTombstones();
+  Status ShipTombstone(KeyLog& k, const Tombstone& tomb, bool* done);
+  std::string DeletedPath(const FleetFile& main) const;
+  // The tombstone of `main` (of the delete at `when`, or any) is no longer
+  // to be shipped: landed, superseded, or the tenant made again.
+  void ForgetDelete(const FleetFile& main, std::optional<WallMs> when);
+
+  // Taking a key's log at an epoch (under the KeyLog's mu).
+  struct Took {
+    bool ok = false;
+    bool fenced = false;  // a newer epoch holds it (reported, the range dropped)
+    std::optional<LogTail> tail;
+    Status problem;
+  };
+  Took TakeLog(KeyLog& k, const FleetFile& main, std::uint64_t epoch);
+  // The marker after the tail TakeLog returned; `on_older` is told of each
+  // older owner's object that landed after it, before the marker follows it.
+  Status WriteMarker(KeyLog& k, const FleetFile& main, std::uint64_t epoch,
+                     const std::function<void(const LogTail&)>& on_older);
+  // What a write that did not append means: a fence, corruption, or an
+  // epoch the store granted since the ceiling was read. Never OK.
+  Status Settle(KeyLog& k, const FleetFile& main, const LogWriteOutcome& out);
+  // The key's shipping stops at `epoch`: fenced (the range is dropped) or
+  // corrupt (said as a failure, never a fence floor).
+  void Stopped(KeyLog& k, const FleetFile& main, const LogWriteOutcome& out, std::uint64_t epoch);
+  // The highest epoch an object may carry: what the store granted, as last
+  // read, and never below `epoch`.
+  std::uint64_t Ceiling(std::uint64_t epoch) const;
+  // Reads the store's ceiling again; true when it rose.
+  bool RefreshCeiling();
+
   void PrepareLoop();
   // Prepares the flight's file; 0 only while its epoch is still served.
   int RunPrepare(const Flight& f);
@@ -182,11 +222,6 @@ class Replicator::Impl {
   // Whether the local file carries the epoch stamp of `epoch` (or newer):
   // it was checked against the replica at that epoch, or made at it.
   bool CheckedAt(const FleetFile& main, std::uint64_t epoch) const;
-  // Before a file is exposed at `epoch` that the replica holds under an
-  // older one, an empty generation of `epoch` is put beside it: the replica
-  // then tells any later owner that this epoch took the key, so an older
-  // owner's unshipped copy is never taken for the newest state.
-  Status MarkTakeover(const FleetFile& main, std::uint64_t epoch);
   // True while this host serves `main`'s slot at `epoch` (always, when the
   // agent wired no serving_epoch).
   bool StillServed(const FleetFile& main, std::uint64_t epoch) const;
@@ -203,12 +238,14 @@ class Replicator::Impl {
   ReplicatorOptions o_;
   UniqueFd root_;
 
-  // Guards the three below. Held only while they are read or changed: never
+  // Guards the four below. Held only while they are read or changed: never
   // across I/O or while taking a Tenant's lock, so Stats() may take it.
   mutable std::mutex tenants_mu_;
   std::unordered_map<std::string, std::shared_ptr<Tenant>> tenants_;  // key: main path
   std::unordered_map<std::string, std::uint64_t> deleted_;  // main path -> epoch of the delete
   std::vector<Tombstone> tombstones_;                       // not yet at the destination
+  std::unordered_map<std::string, std::shared_ptr<KeyLog>> logs_;  // key: main path
+  std::atomic<std::uint64_t> ceiling_{0};  // the store's highest granted epoch, as last read
 
   std::mutex upload_mu_;  // guards the wake flags; taken alone
   std::condition_variable upload_cv_;
@@ -248,34 +285,67 @@ class Replicator::Impl {
   std::size_t lag_next_ = 0;
 };
 
-// ---- one tenant: its capture, and where its shipping stands ----
+// ---- one key's log position, and one tenant's capture ----
+
+// A key's log as this host writes it: one per key for the agent's life, so
+// a tenant deleted and made again, a restore and a tombstone all go through
+// the one writer (two writers of one key at one epoch would each take the
+// other's objects for corruption).
+struct KeyLog {
+  KeyLog(Destination& dest, std::string dir) : writer(dest, std::move(dir)) {}
+
+  // Serializes the key's shipping, takeovers, restores' markers and
+  // tombstones. Order: mu, then a capture's locks, then Tenant::mu_.
+  std::mutex mu;
+  // Everything below is used under mu only.
+  LogWriter writer;
+  // A snapshot of the local file (or its restore) follows this host's
+  // marker: segments may follow it.
+  bool base = false;
+  WallMs last_snapshot_ms = 0;
+  std::uint64_t commits_since_snapshot = 0;
+  // A newer epoch took the log (or it could not be trusted) while written at
+  // this epoch: nothing ships at or below it.
+  std::uint64_t stopped_at = 0;
+  Status stop_problem;  // why, when the log could not be trusted (not a fence)
+  // Objects whose create got no clear answer: they may have landed, so they
+  // are retried byte for byte (a different object at the same sequence would
+  // be taken for corruption) before anything else follows them.
+  std::optional<EncodedLogObject> pending_segment;
+  std::vector<Txn> pending_txns;
+  UniqueFd pending_snapshot;
+  std::uint64_t pending_snapshot_sum = 0;
+  std::uint64_t pending_gap_mark = 0;
+  // A new takeover left the pending objects behind: they never land, and
+  // the next snapshot covers their commits (still in the local file).
+  bool DropPending() {
+    const bool had = pending_segment.has_value() || pending_snapshot.valid();
+    pending_segment.reset();
+    pending_txns.clear();
+    pending_snapshot.Reset();
+    return had;
+  }
+};
 
 class Tenant final {
  public:
-  Tenant(Replicator::Impl& r, FleetFile main)
+  Tenant(Replicator::Impl& r, FleetFile main, std::shared_ptr<KeyLog> log)
       : capture_(std::make_shared<Capture>(
             CaptureOptions{r.root(), r.wall(), [&r] { r.CountCaptureFailure(); }},
-            std::move(main))) {
-    key_dir_ = KeyDir(capture_->main());
-  }
+            std::move(main))),
+        log_(std::move(log)) {}
 
   const FleetFile& main() const { return capture_->main(); }
-  const std::string& key_dir() const { return key_dir_; }
   Capture& capture() { return *capture_; }
+  KeyLog& log() { return *log_; }
 
   // The tenant's TenantWatch (the mount's hooks) and its capture state.
   const std::shared_ptr<Capture> capture_;
-  std::string key_dir_;
-  std::mutex ship_mu_;  // serializes shipping; order: ship_mu_, the capture's locks, mu_
+  const std::shared_ptr<KeyLog> log_;
 
-  std::mutex mu_;  // guards everything below; taken alone or before a capture's mu_
+  std::mutex mu_;  // guards the two below; taken alone or after the log's mu
   std::uint64_t epoch_ = 0;
-  std::optional<GenerationId> gen_;
-  std::uint64_t next_seq_ = 0;
-  WallMs last_snapshot_ms_ = 0;
-  std::uint64_t commits_since_snapshot_ = 0;
-  std::uint64_t stopped_below_ = 0;  // a newer epoch at the destination: ship nothing below it
-  bool deleted_ = false;
+  bool deleted_ = false;  // deleted through the mount: nothing more of it ships
 };
 
 // ---- start and stop ----
@@ -285,7 +355,7 @@ Status Replicator::Impl::Start() {
   root_ = UniqueFd(::open(o_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root_.valid()) return ErrnoStatus("opening the backing directory " + o_.backing, errno);
   ::mkdirat(root_.get(), ".fleetfs", 0700);
-  for (std::string_view dir : {kMarkerDir, kSpoolDir}) {
+  for (std::string_view dir : {kMarkerDir, kSpoolDir, kDeletedDir}) {
     if (::mkdirat(root_.get(), std::string(dir).c_str(), 0700) != 0 && errno != EEXIST) {
       return ErrnoStatus("making " + o_.backing + "/" + std::string(dir), errno);
     }
@@ -293,26 +363,54 @@ Status Replicator::Impl::Start() {
   if (Status probe = o_.destination->Probe(); !probe.ok()) {
     return probe.WithContext("the replica destination cannot be written");
   }
-  // Tenants left with unshipped commits by an agent that ended.
-  UniqueFd mfd(::openat(root_.get(), std::string(kMarkerDir).c_str(),
-                        O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (DIR* d = mfd.valid() ? ::fdopendir(mfd.Release()) : nullptr) {
-    int found = 0;
+  RefreshCeiling();
+  // The tenants named in one of the agent's marker directories.
+  auto each_marked = [&](std::string_view dir, const std::function<void(const FleetFile&, int)>& fn) {
+    UniqueFd mfd(::openat(root_.get(), std::string(dir).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    DIR* d = mfd.valid() ? ::fdopendir(mfd.get()) : nullptr;
+    if (d == nullptr) return;
+    mfd.Release();
     while (dirent* e = ::readdir(d)) {
       std::string_view n = e->d_name;
       if (n.size() < 5 || n[3] != '-') continue;
       auto bucket = ParseBucketName(n.substr(0, 3));
       auto file = bucket ? ParseFleetName(o_.mode, *bucket, n.substr(4)) : std::nullopt;
       if (!file || file->role != FileRole::kMain) continue;
-      auto t = TenantFor(*file, true);
-      t->capture().MarkUnshipped();
-      ++found;
+      fn(*file, ::dirfd(d));
     }
     ::closedir(d);
-    if (found > 0) {
-      spdlog::info("replica: {} tenants have commits an earlier run did not ship; they ship in "
-                   "new generations once their ranges are served", found);
+  };
+  // Tenants left with unshipped commits by an agent that ended.
+  int found = 0;
+  each_marked(kMarkerDir, [&](const FleetFile& file, int) {
+    TenantFor(file, true)->capture().MarkUnshipped();
+    ++found;
+  });
+  if (found > 0) {
+    spdlog::info("replica: {} tenants have commits an earlier run did not ship; they ship once "
+                 "their ranges are served", found);
+  }
+  // Deletes whose tombstones an agent that ended did not ship.
+  int deleted = 0;
+  each_marked(kDeletedDir, [&](const FleetFile& file, int dirfd) {
+    char buf[64] = {};
+    UniqueFd fd(::openat(dirfd, MarkerName(file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    const ssize_t n = fd.valid() ? ::read(fd.get(), buf, sizeof buf - 1) : -1;
+    unsigned long long epoch = 0, when = 0;
+    if (n <= 0 || std::sscanf(buf, "%llu %llu", &epoch, &when) != 2 || epoch == 0) {
+      spdlog::warn("replica: {}/{}/{} does not hold '<epoch> <ms>'; the delete it records is "
+                   "ignored",
+                   o_.backing, std::string(kDeletedDir), MarkerName(file));
+      return;
     }
+    deleted_[file.main_path] = std::max<std::uint64_t>(deleted_[file.main_path], epoch);
+    tombstones_.push_back(Tombstone{file, epoch, static_cast<WallMs>(when)});
+    ++deleted;
+  });
+  if (deleted > 0) {
+    spdlog::info("replica: {} tenants were deleted before an earlier run shipped their "
+                 "tombstones; they stay deleted, and the tombstones ship once served",
+                 deleted);
   }
   lags_.reserve(kLagSamples);
   // What writers that crashed left at the destination (their temporary
@@ -381,9 +479,16 @@ std::shared_ptr<Tenant> Replicator::Impl::TenantFor(const FleetFile& main, bool 
   }
   // Made outside the lock: it reads the disk, and tenants_mu_ is never held
   // across I/O. When two calls race, the first one in wins.
-  auto made = std::make_shared<Tenant>(*this, main);
+  auto made = std::make_shared<Tenant>(*this, main, LogFor(main));
   std::lock_guard lock(tenants_mu_);
   return tenants_.emplace(main.main_path, std::move(made)).first->second;
+}
+
+std::shared_ptr<KeyLog> Replicator::Impl::LogFor(const FleetFile& main) {
+  std::lock_guard lock(tenants_mu_);
+  auto& k = logs_[main.main_path];
+  if (!k) k = std::make_shared<KeyLog>(*o_.destination, LogDir(main));
+  return k;
 }
 
 std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std::uint64_t epoch) {
@@ -399,10 +504,7 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
     // The main file was opened or made again after a delete: the tenant
     // exists again, and its tombstone is superseded. (A sidecar opened by a
     // connection that outlived the delete does not bring it back.)
-    std::lock_guard lock(tenants_mu_);
-    if (deleted_.erase(main.main_path) > 0) {
-      std::erase_if(tombstones_, [&](const Tombstone& t) { return t.main.main_path == main.main_path; });
-    }
+    ForgetDelete(main, std::nullopt);
   }
   auto t = TenantFor(main, true);
   std::lock_guard lock(t->mu_);
@@ -411,6 +513,7 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
 }
 
 void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
+  const WallMs when = NowMs();
   std::shared_ptr<Tenant> t;
   {
     std::lock_guard lock(tenants_mu_);
@@ -420,7 +523,23 @@ void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
       tenants_.erase(it);
     }
     deleted_[main.main_path] = epoch;
-    tombstones_.push_back(Tombstone{main, epoch, NowMs()});
+    tombstones_.push_back(Tombstone{main, epoch, when});
+  }
+  // Kept on disk until the tombstone is in the log: after a crash the
+  // tenant stays deleted, and its tombstone ships once its range is served.
+  const std::string record = std::to_string(epoch) + " " + std::to_string(when) + "\n";
+  const std::string path = DeletedPath(main);
+  const std::string temp = path + ".tmp";
+  UniqueFd fd(::openat(root_.get(), temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid() || ::write(fd.get(), record.data(), record.size()) != static_cast<ssize_t>(record.size()) ||
+      ::fsync(fd.get()) != 0 || ::renameat(root_.get(), temp.c_str(), root_.get(), path.c_str()) != 0) {
+    spdlog::error("replica: cannot record the delete of {} in {}/{}: {}; a crash before its "
+                  "tombstone ships would bring the tenant back",
+                  main.main_path, o_.backing, std::string(kDeletedDir), std::strerror(errno));
+  } else if (UniqueFd dir(::openat(root_.get(), std::string(kDeletedDir).c_str(),
+                                   O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+             dir.valid()) {
+    ::fsync(dir.get());
   }
   if (t) {
     {
@@ -475,8 +594,15 @@ bool Replicator::Impl::Round() {
   bool clean = true;
   for (auto& t : all) {
     const bool shipped = Sync(*t);
-    // Its commits from before the switch still count: they can ship.
-    clean = (shipped || (t->capture().unshippable() && !t->capture().HasShippable())) && clean;
+    // Its commits from before the switch still count: they can ship (and
+    // so do those taken into an object not yet landed).
+    bool waiting = false;
+    if (!shipped && t->capture().unshippable()) {
+      std::lock_guard ship(t->log().mu);
+      waiting = t->capture().HasShippable() || t->log().pending_segment.has_value() ||
+                t->log().pending_snapshot.valid();
+    }
+    clean = (shipped || (t->capture().unshippable() && !waiting)) && clean;
   }
   {
     std::lock_guard lock(tenants_mu_);
@@ -491,6 +617,10 @@ bool Replicator::Impl::Round() {
   return clean;
 }
 
+// Deletes are facts of the replica: a tombstone in the key's log. Until it
+// is there, a file under BACKING/.fleetfs/deleted/ keeps the delete across a
+// crash, and lookups of the key answer "absent" (the log still holds the
+// tenant) unless the log shows a newer owner's objects after it.
 void Replicator::Impl::UploadTombstones() {
   std::vector<Tombstone> todo;
   {
@@ -498,159 +628,396 @@ void Replicator::Impl::UploadTombstones() {
     todo = tombstones_;
   }
   for (const Tombstone& tomb : todo) {
-    std::string dir = KeyDir(tomb.main);
-    auto gens = ListGenerations(*o_.destination, dir);
-    Status st = gens.status();
-    if (st.ok() && gens->empty()) {
-      // Nothing was ever shipped: nothing to hide.
-    } else if (st.ok()) {
-      std::uint64_t index = 0;
-      for (const auto& g : *gens) index = std::max(index, g.index);
-      GenerationId gen{tomb.epoch, index + 1};
-      if (gens->back().epoch > tomb.epoch) {
-        gen = GenerationId{};  // a newer owner's generation: the delete is not ours to record
-      } else {
-        st = o_.destination->Put(ObjectPath(dir, gen, ObjectId{0, ObjectKind::kTombstone}),
-                                 EncodeTombstone(tomb.when));
-        if (st.ok()) {
-          spdlog::info("replica: {} deleted at epoch {}: tombstone {}", tomb.main.main_path,
-                       tomb.epoch, gen.Name());
-          ++counters_.tombstones;
-        }
-      }
+    auto k = LogFor(tomb.main);
+    std::lock_guard ship(k->mu);
+    bool done = false;
+    Status st = ShipTombstone(*k, tomb, &done);
+    if (!st.ok() && st.code() != Code::kFailedPrecondition) RecordFailure(st);
+    if (done) ForgetDelete(tomb.main, tomb.when);
+  }
+}
+
+Status Replicator::Impl::ShipTombstone(KeyLog& k, const Tombstone& tomb, bool* done) {
+  const FleetFile& main = tomb.main;
+  FLEETFS_RETURN_IF_ERROR(AppendPendingSegment(k, main, nullptr));
+  FLEETFS_RETURN_IF_ERROR(AppendPendingSnapshot(k, main, nullptr));
+  const auto serving = o_.serving_epoch ? o_.serving_epoch(main.slot)
+                                        : std::optional<std::uint64_t>(tomb.epoch);
+  const bool at_log = k.writer.shipping() && k.writer.position().epoch >= tomb.epoch;
+  if (!at_log || (serving && *serving > k.writer.position().epoch)) {
+    // The log is taken first (after a restart, or at a new epoch): while
+    // served only, and only if no newer owner wrote after the delete.
+    if (!serving) return Status(Code::kFailedPrecondition, "waits to be served");
+    Took took = TakeLog(k, main, *serving);
+    if (took.fenced) {
+      *done = true;  // another host's now: the delete is not ours to record
+      return Status::Ok();
     }
-    if (!st.ok()) {
-      RecordFailure(st);
-      continue;
+    if (!took.ok) return took.problem;
+    if (!took.tail) {
+      *done = true;  // nothing was ever shipped: nothing to hide
+      return Status::Ok();
     }
+    if (took.tail->header.epoch > tomb.epoch || took.tail->header.kind == LogKind::kTombstone) {
+      // A newer owner's objects follow the delete (it made the tenant
+      // again), or the tombstone landed before a crash: nothing to add.
+      *done = true;
+      return Status::Ok();
+    }
+    FLEETFS_RETURN_IF_ERROR(WriteMarker(k, main, *serving, nullptr));
+  }
+  FLEETFS_ASSIGN_OR_RETURN(EncodedLogObject object, EncodeLogTombstone(k.writer.position(), tomb.when));
+  FLEETFS_ASSIGN_OR_RETURN(const LogWriteOutcome out,
+                           k.writer.Append(object, Ceiling(k.writer.position().epoch)));
+  if (out.kind != LogWriteKind::kAppended) {
+    *done = out.kind == LogWriteKind::kFenced;
+    return Settle(k, main, out);
+  }
+  k.base = false;  // a tenant made again starts from a snapshot
+  *done = true;
+  ++counters_.tombstones;
+  spdlog::info("replica: {} deleted at epoch {}: tombstone at sequence {}", main.main_path,
+               tomb.epoch, out.seq);
+  return Status::Ok();
+}
+
+std::string Replicator::Impl::DeletedPath(const FleetFile& main) const {
+  return std::string(kDeletedDir) + "/" + MarkerName(main);
+}
+
+void Replicator::Impl::ForgetDelete(const FleetFile& main, std::optional<WallMs> when) {
+  bool forgot = false, left = false;
+  {
     std::lock_guard lock(tenants_mu_);
+    const auto before = tombstones_.size();
     std::erase_if(tombstones_, [&](const Tombstone& t) {
-      return t.main.main_path == tomb.main.main_path && t.when == tomb.when;
+      return t.main.main_path == main.main_path && (!when || t.when == *when);
     });
+    forgot = tombstones_.size() != before;
+    left = std::any_of(tombstones_.begin(), tombstones_.end(), [&](const Tombstone& t) {
+      return t.main.main_path == main.main_path;
+    });
+    if (!left) deleted_.erase(main.main_path);
+  }
+  // Unless a newer delete of the key came meanwhile: its file is its own.
+  if (forgot && !left) ::unlinkat(root_.get(), DeletedPath(main).c_str(), 0);
+}
+
+// ---- the key's log: takeovers, markers, and what a refused create means ----
+
+std::uint64_t Replicator::Impl::Ceiling(std::uint64_t epoch) const {
+  // Without a store to ask (tests that do not wire one), no epoch is judged
+  // forged; the agent always wires it.
+  if (!o_.epoch_ceiling) return std::numeric_limits<std::uint64_t>::max();
+  return std::max(ceiling_.load(), epoch);
+}
+
+bool Replicator::Impl::RefreshCeiling() {
+  if (!o_.epoch_ceiling) return false;
+  auto read = o_.epoch_ceiling();
+  if (!read.ok()) {
+    spdlog::warn("replica: reading the highest epoch the store granted: {}", read.status().message());
+    return false;
+  }
+  std::uint64_t old = ceiling_.load();
+  while (*read > old && !ceiling_.compare_exchange_weak(old, *read)) {
+  }
+  return *read > old;
+}
+
+void Replicator::Impl::Stopped(KeyLog& k, const FleetFile& main, const LogWriteOutcome& out,
+                               std::uint64_t epoch) {
+  k.stopped_at = std::max(k.stopped_at, out.kind == LogWriteKind::kFenced ? out.fenced_by : epoch);
+  if (out.kind == LogWriteKind::kFenced) {
+    spdlog::error("replica: {} has epoch {} at {} (ours is {}): another host owns it now; stopping "
+                  "its shipping and dropping its range",
+                  main.main_path, out.fenced_by, o_.destination->url(), epoch);
+    ++counters_.newer_epochs;
+    if (o_.on_newer_epoch) o_.on_newer_epoch(main.slot, out.fenced_by);
+    return;
+  }
+  // Corrupt: never a fence floor (a forged epoch must not exhaust the
+  // counter), and nothing more ships at this epoch.
+  k.stop_problem = out.problem.WithContext("replica log of " + main.main_path +
+                                           " cannot be trusted; its shipping stops at epoch " +
+                                           std::to_string(epoch));
+  RecordFailure(out.problem.WithContext("replica log of " + main.main_path +
+                                        " cannot be trusted; its shipping stops at epoch " +
+                                        std::to_string(epoch)));
+}
+
+Replicator::Impl::Took Replicator::Impl::TakeLog(KeyLog& k, const FleetFile& main,
+                                                 std::uint64_t epoch) {
+  Took took;
+  for (int attempt = 0;; ++attempt) {
+    auto to = k.writer.Takeover(epoch, Ceiling(epoch));
+    if (!to.ok()) {
+      took.problem = to.status();
+      return took;
+    }
+    if (to->kind == TakeoverKind::kCorrupt && attempt == 0 && RefreshCeiling()) continue;
+    if (k.DropPending()) {
+      // Their commits are in the local file, which ships as a snapshot next.
+      if (auto t = TenantFor(main, false)) t->capture().MarkGap();
+    }
+    k.base = false;
+    if (to->kind == TakeoverKind::kFenced) {
+      LogWriteOutcome out;
+      out.kind = LogWriteKind::kFenced;
+      out.fenced_by = to->fenced_by;
+      Stopped(k, main, out, epoch);
+      took.fenced = true;
+      took.problem = Status(Code::kFailedPrecondition, "fenced by epoch " + std::to_string(to->fenced_by));
+      return took;
+    }
+    if (to->kind == TakeoverKind::kCorrupt) {
+      LogWriteOutcome out;
+      out.kind = LogWriteKind::kCorrupt;
+      out.problem = to->problem;
+      Stopped(k, main, out, epoch);
+      took.problem = Status(Code::kFailedPrecondition, to->problem.message());
+      return took;
+    }
+    took.ok = true;
+    took.tail = to->tail;
+    return took;
+  }
+}
+
+Status Replicator::Impl::WriteMarker(KeyLog& k, const FleetFile& main, std::uint64_t epoch,
+                                     const std::function<void(const LogTail&)>& on_older) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    FLEETFS_ASSIGN_OR_RETURN(const LogWriteOutcome out,
+                             k.writer.WriteMarker(NowMs(), Ceiling(epoch)));
+    switch (out.kind) {
+      case LogWriteKind::kAppended:
+        k.base = false;
+        k.stopped_at = 0;
+        k.stop_problem = Status::Ok();
+        k.commits_since_snapshot = 0;
+        spdlog::info("replica: {} taken at epoch {} (marker at sequence {})", main.main_path, epoch,
+                     out.seq);
+        return Status::Ok();
+      case LogWriteKind::kTakenByOlder:
+        // An older owner's late object landed after the listing: it is the
+        // tail now, and what was checked against the old tail is checked
+        // against it before the marker goes after it.
+        spdlog::warn("replica: {}: an object of epoch {} landed at sequence {} while epoch {} took "
+                     "the key; checking against it",
+                     main.main_path, out.tail->header.epoch, out.seq, epoch);
+        if (on_older) on_older(*out.tail);
+        continue;
+      case LogWriteKind::kFenced:
+      case LogWriteKind::kCorrupt:
+        Stopped(k, main, out, epoch);
+        return Status(Code::kFailedPrecondition,
+                      "the marker of " + main.main_path + " at epoch " + std::to_string(epoch) +
+                          " was refused: " + std::string(LogWriteKindName(out.kind)));
+    }
+  }
+  return Unavailable("older owners' objects kept landing in the log of " + main.main_path +
+                     " while epoch " + std::to_string(epoch) + " took it");
+}
+
+Status Replicator::Impl::Settle(KeyLog& k, const FleetFile& main, const LogWriteOutcome& out) {
+  const std::uint64_t epoch = k.writer.position().epoch;
+  if (out.kind == LogWriteKind::kAppended) return Status::Ok();
+  if (out.kind == LogWriteKind::kCorrupt && RefreshCeiling()) {
+    // The epoch found above the ceiling this host knew is one the store
+    // granted since: the log is taken again to judge it as a fence.
+    Took again = TakeLog(k, main, epoch);
+    if (again.fenced || !again.ok) return Status(Code::kFailedPrecondition, "stopped");
+    // Taken at our own epoch again: the next round writes the marker anew.
+    return Status(Code::kFailedPrecondition, "the log of " + main.main_path + " is taken again");
+  }
+  Stopped(k, main, out, epoch);
+  return Status(Code::kFailedPrecondition,
+                "the log of " + main.main_path + " refused an object: " +
+                    std::string(LogWriteKindName(out.kind)));
+}
+
+// ---- shipping ----
+
+Status Replicator::Impl::AppendPendingSegment(KeyLog& k, const FleetFile& main, Capture* capture) {
+  if (!k.pending_segment) return Status::Ok();
+  FLEETFS_ASSIGN_OR_RETURN(const LogWriteOutcome out,
+                           k.writer.Append(*k.pending_segment, Ceiling(k.writer.position().epoch)));
+  if (out.kind != LogWriteKind::kAppended) {
+    k.DropPending();
+    if (capture) capture->MarkGap();
+    return Settle(k, main, out);
+  }
+  const std::uint64_t bytes = k.pending_segment->bytes.size();
+  std::vector<Txn> txns = std::move(k.pending_txns);
+  k.pending_segment.reset();
+  k.pending_txns.clear();
+  k.commits_since_snapshot += txns.size();
+  if (capture) capture->Shipped();
+  const WallMs now = NowMs();
+  for (const Txn& x : txns) RecordLag(x.commit_ms, now);
+  counters_.txns_shipped += txns.size();
+  counters_.bytes_shipped += bytes;
+  ++counters_.segments;
+  absent_.Forget(main.main_path);
+  return Status::Ok();
+}
+
+Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main, Capture* capture) {
+  if (!k.pending_snapshot.valid()) return Status::Ok();
+  FLEETFS_ASSIGN_OR_RETURN(
+      const LogWriteOutcome out,
+      k.writer.AppendFile(k.pending_snapshot.get(), k.pending_snapshot_sum,
+                          Ceiling(k.writer.position().epoch)));
+  if (out.kind != LogWriteKind::kAppended) {
+    k.DropPending();
+    if (capture) capture->MarkGap();
+    return Settle(k, main, out);
+  }
+  struct stat st{};
+  ::fstat(k.pending_snapshot.get(), &st);
+  k.pending_snapshot.Reset();
+  k.base = true;
+  k.last_snapshot_ms = NowMs();
+  k.commits_since_snapshot = 0;
+  if (capture) capture->ClearGap(k.pending_gap_mark);
+  ++counters_.snapshots;
+  counters_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
+  absent_.Forget(main.main_path);  // shipped: the replica holds it now
+  spdlog::info("replica: {} ships a snapshot at sequence {} of epoch {} ({} bytes)", main.main_path,
+               out.seq, k.writer.position().epoch, st.st_size);
+  Prune(k, main);
+  return Status::Ok();
+}
+
+Status Replicator::Impl::ShipSegment(Tenant& t) {
+  KeyLog& k = t.log();
+  if (!k.pending_segment) {
+    std::vector<Txn> txns = t.capture().Take();
+    if (txns.empty()) return Status::Ok();
+    auto encoded = EncodeLogSegment(k.writer.position(), txns);
+    if (!encoded.ok()) {
+      // Too large for one object: the local file holds them, and a snapshot
+      // ships them instead.
+      t.capture().Return(std::move(txns));
+      t.capture().MarkGap();
+      return encoded.status().WithContext("encoding a segment of " + t.main().main_path);
+    }
+    k.pending_segment = std::move(*encoded);
+    k.pending_txns = std::move(txns);
+  }
+  return AppendPendingSegment(k, t.main(), &t.capture());
+}
+
+Status Replicator::Impl::ShipSnapshot(Tenant& t, bool periodic) {
+  KeyLog& k = t.log();
+  FLEETFS_RETURN_IF_ERROR(AppendPendingSegment(k, t.main(), &t.capture()));
+  if (k.pending_snapshot.valid()) return AppendPendingSnapshot(k, t.main(), &t.capture());
+  FLEETFS_RETURN_IF_ERROR(StageSnapshot(t, periodic));
+  FLEETFS_RETURN_IF_ERROR(AppendPendingSegment(k, t.main(), &t.capture()));
+  return AppendPendingSnapshot(k, t.main(), &t.capture());
+}
+
+void Replicator::Impl::Prune(KeyLog& k, const FleetFile& main) {
+  auto pruned = PruneLog(*o_.destination, LogDir(main), NowMs() - o_.retention.count(),
+                         Ceiling(k.writer.position().epoch));
+  if (!pruned.ok()) {
+    spdlog::warn("replica: retention of {}: {}", main.main_path, pruned.status().message());
+  } else if (*pruned > 0) {
+    spdlog::info("replica: {}: removed {} log objects older than the retention", main.main_path,
+                 *pruned);
   }
 }
 
 bool Replicator::Impl::Sync(Tenant& t) {
-  std::lock_guard ship(t.ship_mu_);
-  bool has_captured = false, need_gen = false, periodic = false;
-  std::uint64_t epoch = 0;
-  const CaptureScan scan = t.capture().Scan();  // reads the WAL first
-  bool gap = scan.gap;
+  KeyLog& k = t.log();
+  std::lock_guard ship(k.mu);
+  const FleetFile& main = t.main();
+  std::optional<std::uint64_t> serving;
   {
     std::lock_guard lock(t.mu_);
-    if (t.deleted_) return true;
-    if (auto serving = o_.serving_epoch ? o_.serving_epoch(t.main().slot) : std::nullopt;
-        serving && *serving > t.epoch_) {
-      t.epoch_ = *serving;
+    if (t.deleted_) return true;  // its tombstone is shipped on its own
+    if (!o_.serving_epoch && t.epoch_ != 0) serving = t.epoch_;
+  }
+  if (o_.serving_epoch) serving = o_.serving_epoch(main.slot);
+  CaptureScan first = t.capture().Scan();  // reads the WAL first
+  CaptureScan scan = first;
+  bool shipped = false;
+  // The caller of Decide does what it names and asks again: a new epoch is
+  // check, marker, snapshot, then what was captured meanwhile.
+  for (int step = 0; step < 6; ++step) {
+    if (step > 0) scan = t.capture().Scan();
+    const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
+    const bool snapshot_due = k.base && k.commits_since_snapshot > 0 &&
+                              NowMs() - k.last_snapshot_ms >= o_.snapshot_interval.count();
+    // Nothing written since it was shipped (or checked): nothing to do, at
+    // whatever epoch; a tenant merely opened never costs a takeover.
+    const bool dirty = scan.unshipped || scan.has_captured || pending;
+    if (!dirty && !snapshot_due) break;
+    ShipInputs in;
+    in.serving_epoch = serving;
+    if (k.writer.shipping()) in.log_epoch = k.writer.position().epoch;
+    // Read from the file every time, never inferred from the marker: a
+    // restore writes its marker before the download, and the stale file it
+    // replaces must not ship under that marker meanwhile.
+    if (serving && CheckedAt(main, *serving)) in.checked_epoch = serving;
+    in.fenced = k.stopped_at != 0 && (!serving || *serving <= k.stopped_at);
+    in.unshippable = scan.unshippable;
+    in.gap = scan.gap && scan.unshipped;
+    in.matches_tail = k.base;
+    in.commits_waiting = scan.has_captured || pending;
+    in.appendable = pending ? k.pending_segment.has_value() : t.capture().HasShippable();
+    in.snapshot_due = snapshot_due;
+    const ShipDecision d = Decide(in);
+    Status st;
+    switch (d.action) {
+      case ShipAction::kStop:
+        // A log that cannot be trusted stays a failure every round (a
+        // round without one would clear it): only a new epoch ends it.
+        if (!k.stop_problem.ok()) RecordFailure(k.stop_problem);
+        return false;
+      case ShipAction::kNothing:
+      case ShipAction::kTombstone:  // a deleted tenant is no longer in tenants_
+        step = 6;
+        continue;
+      case ShipAction::kCheck:
+        // Nothing ships under an epoch before the file was checked against
+        // the log at it: the check is queued ahead of warm-ups (a stop waits
+        // for it), and shipping resumes after it.
+        Prepare(main, *serving, nullptr, /*warm=*/false);
+        return false;
+      case ShipAction::kMarker: {
+        Took took = TakeLog(k, main, *serving);
+        if (!took.ok) {
+          if (!took.fenced && took.problem.code() != Code::kFailedPrecondition) st = took.problem;
+          else return false;
+        } else {
+          st = WriteMarker(k, main, *serving, nullptr);
+        }
+        break;
+      }
+      case ShipAction::kSnapshot:
+        st = ShipSnapshot(t, in.snapshot_due && !in.gap && k.base);
+        break;
+      case ShipAction::kSegment:
+        st = ShipSegment(t);
+        break;
     }
-    if (t.gen_ && t.gen_->epoch != t.epoch_ && !gap) {
-      t.capture().MarkGap();
-      gap = true;
+    if (st.code() == Code::kFailedPrecondition) {
+      spdlog::debug("replica: {}", st.message());  // said where it happened, or not a failure
+      return false;
     }
-    epoch = t.epoch_;
-    has_captured = scan.has_captured;
-    need_gen = gap && scan.unshipped;
-    periodic = t.gen_ && !gap && t.commits_since_snapshot_ > 0 &&
-               NowMs() - t.last_snapshot_ms_ >= o_.snapshot_interval.count();
-  }
-  // Journal mode OFF or MEMORY: no snapshot of it ships (the capture logged
-  // why; Stats counts it) until it commits with a journal or WAL again. The
-  // commits captured before the switch still go, as a segment of the
-  // generation they belong to: they are whole, and a crash must not lose them.
-  if (scan.unshippable) {
-    bool in_generation;
-    {
-      std::lock_guard lock(t.mu_);
-      in_generation = t.gen_.has_value() && t.gen_->epoch == epoch;
+    if (!st.ok()) {
+      RecordFailure(st.WithContext("shipping " + main.main_path));
+      return false;
     }
-    if (!in_generation || !t.capture().HasShippable()) return false;
-    need_gen = false;
-    periodic = false;
-    has_captured = true;
-  }
-  if (!has_captured && !need_gen && !periodic) return t.capture().SettleIdle(scan);
-  {
-    std::lock_guard lock(t.mu_);
-    if (epoch == 0 || epoch < t.stopped_below_) return false;  // nothing we may ship under
-  }
-  const bool serving_now = o_.serving_epoch && o_.serving_epoch(t.main().slot) == epoch;
-  if (need_gen && !serving_now) return false;  // a generation starts only while served
-  if (need_gen && !CheckedAt(t.main(), epoch)) {
-    // Nothing ships under an epoch before the file was checked against the
-    // replica at it (a restart's stale copy would become the newest state):
-    // the check is queued, and the generation starts after it.
-    Prepare(t.main(), epoch, nullptr, /*warm=*/false);  // ahead of warm-ups: a stop waits for it
-    return false;
-  }
-  auto gens = ListGenerations(*o_.destination, t.key_dir());
-  if (!gens.ok()) {
-    RecordFailure(gens.status());
-    return false;
-  }
-  if (!gens->empty() && gens->back().epoch > epoch) {
-    const std::uint64_t newer = gens->back().epoch;
-    {
-      std::lock_guard lock(t.mu_);
-      t.stopped_below_ = newer + 1;
-    }
-    spdlog::error("replica: {} has epoch {} at {} (ours is {}): another host owns it now; stopping "
-                  "its shipping and dropping its range",
-                  t.main().main_path, newer, o_.destination->url(), epoch);
-    ++counters_.newer_epochs;
-    if (o_.on_newer_epoch) o_.on_newer_epoch(t.main().slot, newer);
-    return false;
-  }
-  Status st;
-  if (need_gen) {
-    st = StartGeneration(t, *gens);
-  } else if (periodic) {
-    st = PeriodicSnapshot(t);
-  } else {
-    st = UploadSegment(t);
-  }
-  if (st.code() == Code::kFailedPrecondition) {
-    spdlog::debug("replica: {}", st.message());  // not the destination's fault
-    return false;
-  }
-  if (!st.ok()) {
-    RecordFailure(st.WithContext("shipping " + t.main().main_path));
-    return false;
+    shipped = true;
   }
   if (scan.unshippable) return false;  // what came after the switch waits
-  return t.capture().SettleShipped(scan);
-}
-
-Status Replicator::Impl::UploadSegment(Tenant& t) {
-  GenerationId gen;
-  std::uint64_t seq = 0;
-  {
-    std::lock_guard lock(t.mu_);
-    if (!t.gen_) return Status::Ok();
-    gen = *t.gen_;
-    seq = t.next_seq_;
-  }
-  std::vector<Txn> txns = t.capture().Take();
-  if (txns.empty()) return Status::Ok();
-  std::string bytes = EncodeSegment(txns);
-  Status st = o_.destination->Put(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSegment}),
-                                  bytes);
-  if (!st.ok()) {
-    // Back in front, in order: the next round tries the same number again.
-    t.capture().Return(std::move(txns));
-    return st;
-  }
-  {
-    std::lock_guard lock(t.mu_);
-    t.next_seq_ = seq + 1;
-    t.commits_since_snapshot_ += txns.size();
-  }
-  t.capture().Shipped();
-  const WallMs now = NowMs();
-  for (const Txn& x : txns) RecordLag(x.commit_ms, now);
-  counters_.txns_shipped += txns.size();
-  counters_.bytes_shipped += bytes.size();
-  ++counters_.segments;
-  return Status::Ok();
+  const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
+  if (pending) return false;
+  if (shipped) return t.capture().SettleShipped(first);
+  if (scan.unshipped || scan.has_captured) return false;
+  return t.capture().SettleIdle(first);
 }
 
 // A snapshot is staged on the backing volume before its upload. Were it
@@ -694,8 +1061,8 @@ Status Replicator::Impl::CheckSpoolRoom(const Tenant& t) {
   return Status(Code::kFailedPrecondition, blocked);
 }
 
-Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* before,
-                                                std::uint64_t* gap_mark) {
+Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
+  KeyLog& k = t.log();
   // Short: the shipping thread serves every tenant, and a hot journal left
   // by a writer that died stays hot until the next opener rolls it back.
   // Every write to the main file and its WAL waits from here until the copy is
@@ -704,15 +1071,23 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
   auto held = t.capture().HoldForSnapshot(std::chrono::milliseconds(200));
   if (!held.ok()) return held.status();
   Capture::SnapshotHold hold = std::move(*held);
-  if (gap_mark) *gap_mark = hold.gap_mark();
-  {
-    std::vector<Txn> taken = hold.TakeCaptured();
-    if (before) *before = std::move(taken);
+  const std::uint64_t gap_mark = hold.gap_mark();
+  std::vector<Txn> before = hold.TakeCaptured();
+  LogPosition at = k.writer.position();
+  std::optional<EncodedLogObject> segment;
+  if (periodic && !before.empty()) {
+    // The commits since the last segment go first, as their own segment, so
+    // a point between them stays restorable; the snapshot follows it.
+    if (auto encoded = EncodeLogSegment(at, before); encoded.ok()) {
+      at.prev = encoded->checksum;
+      ++at.seq;
+      segment = std::move(*encoded);
+    }
   }
   UniqueFd main(::openat(root_.get(), t.main().main_path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!main.valid()) {
-    Status st = ErrnoStatus("opening " + t.main().main_path + " for a snapshot", errno);
-    return st;
+    t.capture().MarkGap();  // what was taken is only in the file: the next snapshot covers it
+    return ErrnoStatus("opening " + t.main().main_path + " for a snapshot", errno);
   }
   struct stat st;
   ::fstat(main.get(), &st);
@@ -736,12 +1111,10 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
       hold.CaptureFailed();
       return s;
     }
-    if (!read->txns.empty()) {
-      for (auto& c : read->txns) {
-        page = c.page_size;
-        db_size = std::uint64_t{c.db_pages} * c.page_size;
-        for (auto& [pgno, data] : c.pages) overlay[pgno] = std::move(data);
-      }
+    for (auto& c : read->txns) {
+      page = c.page_size;
+      db_size = std::uint64_t{c.db_pages} * c.page_size;
+      for (auto& [pgno, data] : c.pages) overlay[pgno] = std::move(data);
     }
   }
   // An unnamed file in the spool directory: it goes away with its descriptor,
@@ -749,14 +1122,13 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
   UniqueFd out(::openat(root_.get(), std::string(kSpoolDir).c_str(), O_RDWR | O_TMPFILE | O_CLOEXEC,
                         0600));
   if (!out.valid()) {
-    Status s = ErrnoStatus("making a snapshot spool file in " + o_.backing + "/" +
-                               std::string(kSpoolDir),
-                           errno);
-    return s;
+    t.capture().MarkGap();
+    return ErrnoStatus("making a snapshot spool file in " + o_.backing + "/" + std::string(kSpoolDir),
+                       errno);
   }
   SnapshotOwner owner{st.st_uid, st.st_gid, st.st_mode & 07777};
-  Status written = WriteSnapshot(
-      main.get(), db_size, NowMs(), owner,
+  auto sum = WriteLogSnapshot(
+      main.get(), db_size, at, NowMs(), owner,
       [&](std::uint64_t off, char* buf, std::size_t n) {
         if (overlay.empty() || page == 0) return;
         for (std::uint64_t p = off / page; p * page < off + n; ++p) {
@@ -768,99 +1140,23 @@ Result<UniqueFd> Replicator::Impl::TakeSnapshot(Tenant& t, std::vector<Txn>* bef
         }
       },
       out.get());
-  // The hold ends as this returns: the upload happens after.
-  if (!written.ok()) return written.WithContext("snapshot of " + t.main().main_path);
-  return out;
-}
-
-Status Replicator::Impl::StartGeneration(Tenant& t, const std::vector<GenerationId>& gens) {
-  {
-    bool continues = false;
-    {
-      std::lock_guard lock(t.mu_);
-      continues = t.gen_ && t.gen_->epoch == t.epoch_;
-    }
-    continues = continues && t.capture().HasShippable();
-    // What the current generation can still take goes there first.
-    if (continues) FLEETFS_RETURN_IF_ERROR(UploadSegment(t));
+  if (!sum.ok()) {
+    t.capture().MarkGap();
+    return sum.status().WithContext("snapshot of " + t.main().main_path);
   }
-  std::uint64_t gap_mark = 0;
-  FLEETFS_ASSIGN_OR_RETURN(UniqueFd snap, TakeSnapshot(t, nullptr, &gap_mark));
-  std::uint64_t epoch;
-  {
-    std::lock_guard lock(t.mu_);
-    epoch = t.epoch_;
+  // The hold ends as this returns: the uploads happen after, retried byte
+  // for byte until they land.
+  if (segment) {
+    k.pending_segment = std::move(*segment);
+    k.pending_txns = std::move(before);
+  } else {
+    const WallMs now = NowMs();
+    for (const Txn& x : before) RecordLag(x.commit_ms, now);
   }
-  std::uint64_t index = 0;
-  for (const auto& g : gens) index = std::max(index, g.index);
-  GenerationId gen{epoch, index + 1};  // above every index, so no name is ever reused
-  struct stat st;
-  ::fstat(snap.get(), &st);
-  Status put = o_.destination->PutFile(
-      ObjectPath(t.key_dir(), gen, ObjectId{0, ObjectKind::kSnapshot}), snap.get());
-  if (!put.ok()) return put;
-  spdlog::info("replica: {} ships generation {} at epoch {} (snapshot, {} bytes)",
-               t.main().main_path, gen.Name(), epoch, st.st_size);
-  {
-    std::lock_guard lock(t.mu_);
-    t.gen_ = gen;
-    t.next_seq_ = 1;
-    t.last_snapshot_ms_ = NowMs();
-    t.commits_since_snapshot_ = 0;
-  }
-  t.capture().ClearGap(gap_mark);
-  ++counters_.snapshots;
-  counters_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
-  absent_.Forget(t.main().main_path);  // shipped: the replica holds it now
-  Prune(t);
+  k.pending_snapshot = std::move(out);
+  k.pending_snapshot_sum = *sum;
+  k.pending_gap_mark = gap_mark;
   return Status::Ok();
-}
-
-Status Replicator::Impl::PeriodicSnapshot(Tenant& t) {
-  FLEETFS_RETURN_IF_ERROR(UploadSegment(t));
-  std::vector<Txn> before;
-  FLEETFS_ASSIGN_OR_RETURN(UniqueFd snap, TakeSnapshot(t, &before));
-  GenerationId gen;
-  std::uint64_t seq;
-  {
-    std::lock_guard lock(t.mu_);
-    gen = *t.gen_;
-    seq = t.next_seq_;
-  }
-  if (!before.empty()) {
-    Status st = o_.destination->Put(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSegment}),
-                                    EncodeSegment(before));
-    if (!st.ok()) {
-      // The snapshot covers these commits, but the generation's numbering
-      // must stay whole: start a new generation instead.
-      t.capture().MarkGap();
-      return st;
-    }
-    ++seq;
-  }
-  Status st = o_.destination->PutFile(ObjectPath(t.key_dir(), gen, ObjectId{seq, ObjectKind::kSnapshot}),
-                                      snap.get());
-  std::lock_guard lock(t.mu_);
-  if (!st.ok()) {
-    t.next_seq_ = seq;
-    return st;
-  }
-  t.next_seq_ = seq + 1;
-  t.last_snapshot_ms_ = NowMs();
-  t.commits_since_snapshot_ = 0;
-  ++counters_.snapshots;
-  Prune(t);
-  return Status::Ok();
-}
-
-void Replicator::Impl::Prune(Tenant& t) {
-  auto pruned = PruneGenerations(*o_.destination, t.key_dir(), NowMs() - o_.retention.count());
-  if (!pruned.ok()) {
-    spdlog::warn("replica: retention of {}: {}", t.main().main_path, pruned.status().message());
-  } else if (*pruned > 0) {
-    spdlog::info("replica: {}: removed {} objects or generations older than the retention",
-                 t.main().main_path, *pruned);
-  }
 }
 
 bool Replicator::Impl::Flush(MonoTime deadline) {
@@ -997,77 +1293,119 @@ int Replicator::Impl::RunPrepare(const Flight& f) {
 
 int Replicator::Impl::PrepareFile(const Flight& f) {
   const FleetFile& main = f.main;
+  std::optional<std::uint64_t> deleted_at;
   {
     std::lock_guard lock(tenants_mu_);
-    if (deleted_.count(main.main_path) > 0) return 0;  // deleted here: not brought back
+    if (auto it = deleted_.find(main.main_path); it != deleted_.end()) deleted_at = it->second;
   }
   struct stat st;
-  if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno != ENOENT) return errno;
+  const bool exists = ::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+  if (!exists && errno != ENOENT) return errno;
+  if (exists && !S_ISREG(st.st_mode)) return 0;  // the mount hides it
+  std::uint64_t stamp = 0;
+  bool unfinished = false;
+  if (exists) {
+    UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!file.valid()) return errno;
+    if (auto key = ReadKeyStamp(file.get()); key && *key != main.key) {
+      spdlog::error("replica: {} says it belongs to '{}', not '{}'; refusing to expose it",
+                    main.main_path, *key, main.key);
+      return EIO;
+    }
+    const std::optional<std::uint64_t> stamped = ReadEpochStamp(file.get());
+    if (stamped.value_or(0) >= f.epoch) return 0;  // RunPrepare answers 0 only while f.epoch is served
+    stamp = stamped.value_or(0);
+    // Stamped 0 explicitly: a restore that published and then stopped (a
+    // crash) before it cleared the stray sidecars and stamped its epoch. It
+    // is restored again, sidecars and all, rather than exposed beside them.
+    unfinished = stamped && *stamped == 0;
+  } else if (!deleted_at) {
     // Missing here. One listing says whether the replica holds anything;
-    // nothing is made (no bucket, no file) unless it does.
+    // nothing is made (no bucket, no file, no log state) unless it does.
     if (!f.warm && absent_.Contains(main.main_path, f.epoch)) return 0;
     ++counters_.absent_listed;
-    auto gens = ListGenerations(*o_.destination, KeyDir(main));
-    if (!gens.ok()) {
+    auto seqs = ListLog(*o_.destination, LogDir(main));
+    if (!seqs.ok()) {
       spdlog::error("replica: cannot tell whether the replica holds {}: {}", main.main_path,
-                    gens.status().message());
+                    seqs.status().message());
       ++counters_.restore_failures;
       return EIO;
     }
-    if (gens->empty()) {
+    if (seqs->empty()) {
       // Remembered for an epoch still served only: an entry says nothing
       // about another epoch, and could push out one that does.
       if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "absent key");
       absent_.Remember(main.main_path, f.epoch);
       return 0;
     }
-    return RestoreInPlace(main, f.epoch, /*replace=*/false);
   }
-  if (!S_ISREG(st.st_mode)) return 0;  // the mount hides it
-  UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!file.valid()) return errno;
-  if (auto key = ReadKeyStamp(file.get()); key && *key != main.key) {
-    spdlog::error("replica: {} says it belongs to '{}', not '{}'; refusing to expose it",
-                  main.main_path, *key, main.key);
-    return EIO;
+  if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "takeover");
+  // The key's log is taken at this epoch: its tail says whether the file
+  // here is current, and the marker after it goes first, so an older owner
+  // still shipping finds its next sequence taken and stops: nothing it ships
+  // can land under the download.
+  bool restore = false, replace = false;
+  {
+    auto k = LogFor(main);
+    std::lock_guard ship(k->mu);
+    Took took = TakeLog(*k, main, f.epoch);
+    if (!took.ok) {
+      if (!took.fenced) {
+        spdlog::error("replica: taking the log of {} at epoch {}: {}", main.main_path, f.epoch,
+                      took.problem.message());
+        ++counters_.restore_failures;
+      }
+      return EIO;
+    }
+    const std::uint64_t tail_epoch = took.tail ? took.tail->header.epoch : 0;
+    if (deleted_at) {
+      if (tail_epoch <= *deleted_at) return 0;  // the delete stands; its tombstone ships
+      spdlog::info("replica: {} was deleted here at epoch {}, and epoch {} wrote it since; the "
+                   "delete is dropped",
+                   main.main_path, *deleted_at, tail_epoch);
+      ForgetDelete(main, std::nullopt);
+    }
+    if (!took.tail) {
+      // Nothing in the log (retention cannot empty one): the file here, if
+      // any, is all there is; the shipper takes the log when it ships.
+      if (!exists) {
+        absent_.Remember(main.main_path, f.epoch);
+        return 0;
+      }
+    } else {
+      // A newer epoch than the file's stamp wrote the key: another owner's
+      // (or a stale copy that appeared). Replaced from the log.
+      restore = !exists || unfinished || tail_epoch > stamp;
+      replace = exists && restore;
+      Status marked = WriteMarker(*k, main, f.epoch, [&](const LogTail& older) {
+        if (exists && older.header.epoch > stamp) restore = replace = true;
+      });
+      if (!marked.ok()) {
+        spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, f.epoch,
+                      marked.message());
+        return EIO;
+      }
+    }
   }
-  const std::optional<std::uint64_t> stamped = ReadEpochStamp(file.get());
-  std::uint64_t stamp = stamped.value_or(0);
-  if (stamp >= f.epoch) return 0;  // RunPrepare answers 0 only while f.epoch is served
-  auto newest = NewestEpoch(*o_.destination, KeyDir(main));
-  if (!newest.ok()) {
-    spdlog::error("replica: cannot tell whether {} is stale: {}", main.main_path,
-                  newest.status().message());
-    return EIO;
-  }
-  // Stamped 0 explicitly: a restore that published and then stopped (a
-  // crash) before it cleared the stray sidecars and stamped its epoch. It is
-  // restored again, sidecars and all, rather than exposed beside them.
-  const bool unfinished = stamped && *stamped == 0 && *newest;
-  // A newer epoch than the file's stamp took the key: another owner's, or
-  // this epoch's own takeover marker or shipment (which were made for a file
-  // checked at it; this one is not, so it is a stale copy that appeared).
-  if (unfinished || (*newest && **newest > stamp)) {
-    spdlog::warn("replica: {} on disk is stamped epoch {}, the replica holds epoch {} from another "
-                 "owner; replacing it from the replica before exposing it at epoch {}",
-                 main.main_path, stamp, **newest, f.epoch);
-    int err = RestoreInPlace(main, f.epoch, /*replace=*/true);
-    if (err == 0) ++counters_.stale_replaced;
+  if (restore) {
+    if (replace) {
+      spdlog::warn("replica: {} on disk is stamped epoch {}, the replica's log was written at a "
+                   "newer epoch; replacing it from the replica before exposing it at epoch {}",
+                   main.main_path, stamp, f.epoch);
+    }
+    int err = RestoreInPlace(main, f.epoch, replace);
+    if (err == 0 && replace) ++counters_.stale_replaced;
     return err;
   }
-  // The stamp is raised only while its epoch is served, and never lowered (a
-  // flight of a newer epoch may have raised it meanwhile).
+  // Current: the stamp is raised, only while its epoch is served, and never
+  // lowered (a flight of a newer epoch may have raised it meanwhile).
   if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "epoch stamp");
+  UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!file.valid()) return errno == ENOENT ? kRaced : errno;
   if (ReadEpochStamp(file.get()).value_or(0) >= f.epoch) return 0;
-  if (Status marked = MarkTakeover(main, f.epoch); !marked.ok()) {
-    spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, f.epoch,
-                  marked.message());
-    return EIO;
-  }
   if (Status stamped = WriteStamps(file.get(), f.epoch, main.key, main.main_path); !stamped.ok()) {
-    // Exposed unstamped, the file would be taken for a stale copy by the
-    // next check (our own marker is newer than its stamp) and replaced.
+    // Exposed unstamped, the file would be checked again at every lookup
+    // and never shipped under this epoch.
     spdlog::error("replica: {}", stamped.message());
     return EIO;
   }
@@ -1095,28 +1433,6 @@ bool Replicator::Impl::CheckedAt(const FleetFile& main, std::uint64_t epoch) con
   return ReadEpochStamp(fd.get()).value_or(0) >= epoch;
 }
 
-Status Replicator::Impl::MarkTakeover(const FleetFile& main, std::uint64_t epoch) {
-  FLEETFS_ASSIGN_OR_RETURN(std::vector<GenerationId> gens, ListGenerations(*o_.destination, KeyDir(main)));
-  if (gens.empty() || gens.back().epoch >= epoch) return Status::Ok();
-  std::uint64_t index = 0;
-  for (const auto& g : gens) index = std::max(index, g.index);
-  const GenerationId marker{epoch, index + 1};
-  // A name no object parser reads: restores skip the generation (it holds
-  // no object), listings count its epoch.
-  FLEETFS_RETURN_IF_ERROR(o_.destination->Put(
-      GenerationDir(KeyDir(main), marker) + "/" + std::string(kTakeoverMarkerName),
-      "taken at epoch " + std::to_string(epoch) + "\n"));
-  spdlog::info("replica: {} taken at epoch {} (generation {} marks it)", main.main_path, epoch,
-               marker.Name());
-  // The marker it supersedes says nothing more: removed, so an idle key
-  // keeps one marker however many takeovers it sees.
-  auto previous = DescribeGeneration(*o_.destination, KeyDir(main), gens.back());
-  if (previous.ok() && previous->objects.empty()) {
-    (void)o_.destination->Remove(GenerationDir(KeyDir(main), gens.back()));
-  }
-  return Status::Ok();
-}
-
 // The restore is built in an unnamed file in the spool directory, so nothing
 // is made in the bucket unless there is something to publish, and nothing is
 // left behind by a crash. It is published with a hard link (never over an
@@ -1133,15 +1449,17 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
                   std::string(kSpoolDir), std::strerror(errno));
     return EIO;
   }
-  // The marker goes first: an older owner still shipping sees it at its next
-  // upload and stops, so what it ships cannot land under the download.
+  // The marker is in the log already (PrepareFile): an older owner's late
+  // object cannot land after it, so the log read now is the whole truth.
   if (!StillServed(main, epoch)) return NotServed(main, epoch, "restore");
-  if (Status marked = MarkTakeover(main, epoch); !marked.ok()) {
-    spdlog::error("replica: marking {} taken at epoch {}: {}", main.main_path, epoch,
-                  marked.message());
-    return EIO;
+  auto outcome = RestoreFromLog(*o_.destination, LogDir(main), std::nullopt, fd.get(), Ceiling(epoch));
+  if (!outcome.ok() && outcome.status().code() == Code::kDataLoss && RefreshCeiling()) {
+    // An epoch above the ceiling known here may be one the store granted
+    // since: read again with the new ceiling, into an empty file.
+    if (::ftruncate(fd.get(), 0) == 0) {
+      outcome = RestoreFromLog(*o_.destination, LogDir(main), std::nullopt, fd.get(), Ceiling(epoch));
+    }
   }
-  auto outcome = RestoreTo(*o_.destination, KeyDir(main), std::nullopt, fd.get());
   if (!outcome.ok()) {
     spdlog::error("replica: restoring {}: {}", main.main_path, outcome.status().message());
     ++counters_.restore_failures;
@@ -1168,15 +1486,15 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
                  main.main_path, epoch);
     return ENOENT;
   };
-  if (outcome->result != RestoreResult::kRestored) {
+  if (outcome->result != LogRestoreResult::kRestored) {
     if (!StillServed(main, epoch)) return lapsed();
     if (!replace) {
       absent_.Remember(main.main_path, epoch);  // nothing to restore at this epoch
-    } else if (outcome->result == RestoreResult::kDeleted) {
+    } else if (outcome->result == LogRestoreResult::kDeleted) {
       ResetTenant(main);
       if (!StillServed(main, epoch)) return lapsed();
       spdlog::warn("replica: {} was deleted by epoch {}; removing the stale local copy",
-                   main.main_path, outcome->generation.epoch);
+                   main.main_path, outcome->tail_epoch);
       remove_set(true);
     }
     return 0;
@@ -1236,9 +1554,9 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     return ENOENT;
   }
   auto ms = std::chrono::duration_cast<Millis>(o_.mono->Now() - started).count();
-  spdlog::info("replica: restored {} from generation {} ({} commits after its snapshot, {} bytes) "
+  spdlog::info("replica: restored {} as of log sequence {} ({} commits after its snapshot, {} bytes) "
                "in {} ms",
-               main.main_path, outcome->generation.Name(), outcome->commits, outcome->bytes, ms);
+               main.main_path, outcome->as_of_seq.value_or(0), outcome->commits, outcome->bytes, ms);
   ++counters_.restores;
   return 0;
 }
@@ -1246,10 +1564,9 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
 void Replicator::Impl::ResetTenant(const FleetFile& main) {
   auto t = TenantFor(main, false);
   if (!t) return;
-  std::lock_guard ship(t->ship_mu_);
+  std::lock_guard ship(t->log().mu);
   t->capture().Reset();
-  std::lock_guard lock(t->mu_);
-  t->gen_.reset();
+  t->log().base = false;
 }
 
 void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {

@@ -9,13 +9,23 @@
 // A tenant whose journal mode leaves no trace of a transaction's end (OFF,
 // MEMORY) is not shipped at all until it commits with a journal or WAL again.
 //
-// Shipping. One thread, every sync interval: per tenant, check the newest
-// epoch at the destination (a newer one than ours stops the tenant and calls
-// on_newer_epoch, which drops the range through the fence floor), start a
-// generation with a snapshot when needed (first ship of this agent run, a new
-// epoch, a gap), else put one segment of everything captured. A snapshot
-// holds the tenant's write gate while it copies to a local spool file, so the
-// writes that would change it wait; the upload happens after.
+// Shipping. One thread, every sync interval: per tenant with something to
+// ship, a pure decision (fleet/replica/ship_decision.h) over its state, the
+// epoch served and its key's log, carried out and asked again. Each key has
+// one create-only log (fleet/replica/log_writer.h): under a new epoch the
+// file is checked against the log, a marker is written at the next
+// sequence, then a snapshot; after it, one segment per round of what was
+// captured. No listing precedes an upload: an old owner's next create finds
+// its sequence taken by a newer marker, and that object's epoch stops the
+// tenant and calls on_newer_epoch, which drops the range through the fence
+// floor. A snapshot holds the tenant's write gate while it copies to a local
+// spool file, so the writes that would change it wait; the upload happens
+// after. An object whose create got no answer is retried byte for byte.
+//
+// Deletes. A delete through the mount is recorded under
+// BACKING/.fleetfs/deleted/ and ships as a tombstone in the key's log; until
+// then the key answers absent unless the log shows a newer owner's objects
+// after the delete.
 //
 // Prepare. Lookups of main files are prepared on worker threads, one flight
 // per key and epoch however many lookups wait (a lookup at a newer epoch
@@ -31,7 +41,7 @@
 //
 // A tenant with commits not yet shipped has a marker under
 // BACKING/.fleetfs/unshipped/, so an agent that restarts after a crash ships
-// them (in a new generation) even if nobody writes again.
+// them (from a snapshot) even if nobody writes again.
 //
 // Thread-safety: every public method is safe from any thread. Stats() and
 // LagSeconds() read counters and numbers each tenant publishes, under no lock
@@ -85,6 +95,11 @@ struct ReplicatorOptions {
   std::function<std::optional<std::uint64_t>(Slot)> serving_epoch;
   // The destination holds a newer epoch of a tenant in `slot`.
   std::function<void(Slot slot, std::uint64_t newer)> on_newer_epoch;
+  // The highest epoch the ownership store ever granted (its counter). An
+  // object of a key's log above it is corruption, never a fence; read at
+  // start and again only when an object claims a higher epoch. Unset: no
+  // epoch is judged forged (tests; the agent always sets it).
+  std::function<Result<std::uint64_t>()> epoch_ceiling;
 };
 
 struct ReplicationStats {

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -22,8 +23,9 @@
 #include <thread>
 
 #include "fleet/destination_fakes.h"
-#include "fleet/replica_catalog.h"
-#include "fleet/replica_object.h"
+#include "fleet/replica/log_names.h"
+#include "fleet/replica/log_reader.h"
+#include "fleet/replica/log_writer.h"
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
 
@@ -73,9 +75,11 @@ class ProbeDestination final : public Destination {
     }
   }
   Status Create(std::string_view path, std::string_view bytes) override {
+    Hold();
     return inner_->Create(path, bytes);
   }
   Status CreateFromFile(std::string_view path, int fd) override {
+    Hold();
     return inner_->CreateFromFile(path, fd);
   }
   Status Get(std::string_view path, const Sink& sink) override {
@@ -200,21 +204,26 @@ class ReplicatorTest : public ::testing::Test {
     return result.get();
   }
 
-  // A generation of `key` at `epoch` whose snapshot holds `bytes`.
+  // Another owner takes `main`'s log at `epoch` (its marker) and ships a
+  // snapshot holding `bytes`, as an agent would.
   void PutGeneration(const FleetFile& main, std::uint64_t epoch, const std::string& bytes) {
+    LogWriter writer(*inner_, LogDir(main));
+    constexpr std::uint64_t kAny = std::numeric_limits<std::uint64_t>::max();
+    auto took = writer.Takeover(epoch, kAny);
+    ASSERT_TRUE(took.ok()) << took.status().message();
+    ASSERT_EQ(took->kind, TakeoverKind::kReady) << took->problem.message();
+    auto marked = writer.WriteMarker(wall_.NowMs(), kAny);
+    ASSERT_TRUE(marked.ok() && marked->kind == LogWriteKind::kAppended);
     std::string src = (dir_ / "work" / "src").string();
     std::ofstream(src, std::ios::binary | std::ios::trunc) << bytes;
     UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
     std::string out = (dir_ / "work" / "snap").string();
     UniqueFd fd(::open(out.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    ASSERT_TRUE(WriteSnapshot(in.get(), bytes.size(), wall_.NowMs(), SnapshotOwner{0, 0, 0644},
-                              nullptr, fd.get())
-                    .ok());
-    ASSERT_TRUE(inner_
-                    ->PutFile(ObjectPath(KeyDir(main), GenerationId{epoch, 1},
-                                         ObjectId{0, ObjectKind::kSnapshot}),
-                              fd.get())
-                    .ok());
+    auto sum = WriteLogSnapshot(in.get(), bytes.size(), writer.position(), wall_.NowMs(),
+                                SnapshotOwner{0, 0, 0644}, nullptr, fd.get());
+    ASSERT_TRUE(sum.ok()) << sum.status().message();
+    auto put = writer.AppendFile(fd.get(), *sum, kAny);
+    ASSERT_TRUE(put.ok() && put->kind == LogWriteKind::kAppended);
   }
 
   // A local main file holding `bytes`, stamped with `epoch`.
@@ -234,8 +243,12 @@ class ReplicatorTest : public ::testing::Test {
   Result<std::string> Restored(const FleetFile& main) {
     std::string out = (dir_ / "work" / ("restored" + std::to_string(n_++))).string();
     UniqueFd fd(::open(out.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    auto r = RestoreTo(*inner_, KeyDir(main), std::nullopt, fd.get());
+    auto r = RestoreFromLog(*inner_, LogDir(main), std::nullopt, fd.get(),
+                            std::numeric_limits<std::uint64_t>::max());
     if (!r.ok()) return r.status();
+    if (r->result != LogRestoreResult::kRestored) {
+      return NotFound(std::string(LogRestoreResultName(r->result)));
+    }
     return out;
   }
 
@@ -274,7 +287,7 @@ TEST_F(ReplicatorTest, a_lookup_of_an_absent_key_lists_the_replica_once_and_make
   }
   EXPECT_EQ(BackingEntries(), std::vector<std::string>{}) << "a bucket or file was made";
   EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "spool"));
-  for (const auto& k : keys) EXPECT_EQ(dest_->lists(KeyDir(k)), 1) << k.main_path;
+  for (const auto& k : keys) EXPECT_EQ(dest_->lists(LogDir(k)), 1) << k.main_path;
   EXPECT_EQ(rep_->Stats().absent_listed, keys.size());
 }
 
@@ -285,7 +298,7 @@ TEST_F(ReplicatorTest, an_absent_key_is_listed_again_at_another_epoch) {
   EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
   served_ = kEpoch + 1;
   EXPECT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
-  EXPECT_EQ(dest_->lists(KeyDir(k)), 2);
+  EXPECT_EQ(dest_->lists(LogDir(k)), 2);
 }
 
 TEST_F(ReplicatorTest, absent_keys_are_bounded_and_the_least_recently_used_goes_first) {
@@ -297,9 +310,9 @@ TEST_F(ReplicatorTest, absent_keys_are_bounded_and_the_least_recently_used_goes_
   // a was used after b: b went when c came.
   EXPECT_EQ(PrepareAndWait(a, kEpoch), 0);
   EXPECT_EQ(PrepareAndWait(b, kEpoch), 0);
-  EXPECT_EQ(dest_->lists(KeyDir(a)), 1);
-  EXPECT_EQ(dest_->lists(KeyDir(b)), 2);
-  EXPECT_EQ(dest_->lists(KeyDir(c)), 1);
+  EXPECT_EQ(dest_->lists(LogDir(a)), 1);
+  EXPECT_EQ(dest_->lists(LogDir(b)), 2);
+  EXPECT_EQ(dest_->lists(LogDir(c)), 1);
 }
 
 TEST_F(ReplicatorTest, a_key_made_and_shipped_here_is_not_hidden_by_its_remembered_absence) {
@@ -387,7 +400,7 @@ TEST_F(ReplicatorTest, a_prepare_at_a_newer_epoch_never_joins_a_running_flight_o
   Start(Options());
   FleetFile k = Main("two-epochs");
   // The flight at kEpoch lists the replica and is held there.
-  dest_->HoldNextList(KeyDir(k));
+  dest_->HoldNextList(LogDir(k));
   auto older = PrepareAsync(*rep_, k, kEpoch);
   ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
   // The range lapses and comes back at a newer epoch.
@@ -397,7 +410,7 @@ TEST_F(ReplicatorTest, a_prepare_at_a_newer_epoch_never_joins_a_running_flight_o
   dest_->ReleaseList();
   ASSERT_TRUE(newer_answered) << "the prepare at the newer epoch waited for the older flight";
   EXPECT_EQ(newer.get(), 0);
-  EXPECT_EQ(dest_->lists(KeyDir(k)), 2) << "the newer epoch did not list the replica itself";
+  EXPECT_EQ(dest_->lists(LogDir(k)), 2) << "the newer epoch did not list the replica itself";
   ASSERT_EQ(older.wait_for(seconds(20)), std::future_status::ready);
   EXPECT_NE(older.get(), 0) << "a flight answered 0 for an epoch no longer served";
 }
@@ -431,7 +444,7 @@ TEST_F(ReplicatorTest, a_stale_file_that_appears_under_a_restore_is_checked_not_
   PutGeneration(k, 3, std::string(8192, 'R'));  // another owner's, at epoch 3
   // Missing here: the prepare lists the replica, held there while a stale
   // copy (as an older epoch's late restore would leave) appears.
-  dest_->HoldNextList(KeyDir(k));
+  dest_->HoldNextList(LogDir(k));
   auto answer = PrepareAsync(*rep_, k, kEpoch);
   ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
   PutLocal(k, std::string(8192, 'L'), 1);
@@ -449,7 +462,7 @@ TEST_F(ReplicatorTest, a_file_created_under_a_restore_keeps_its_wal_when_the_pub
   Start(Options());
   FleetFile k = Main("created-under-restore");
   PutGeneration(k, 3, std::string(8192, 'R'));  // another owner's, at epoch 3
-  dest_->HoldNextList(KeyDir(k));
+  dest_->HoldNextList(LogDir(k));
   auto answer = PrepareAsync(*rep_, k, kEpoch);
   ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
   // Meanwhile the file is created through the mount at this epoch, and its
@@ -607,7 +620,7 @@ TEST_F(ReplicatorTest, a_full_destination_that_takes_an_empty_probe_stays_failin
     std::this_thread::sleep_for(milliseconds(1));
   }
   ASSERT_NE(rep_->Stats().failing, "") << "the failed upload was not reported";
-  held->Hang(Request::kPut);
+  held->Hang(Request::kCreate);
   ASSERT_TRUE(held->WaitHeld(1, seconds(20)));
   EXPECT_NE(rep_->Stats().failing, "") << "an empty probe cleared the failure mid-round";
   // The disk has room again: the commit ships and the failure clears.
@@ -628,7 +641,7 @@ TEST_F(ReplicatorTest, a_lookup_beyond_the_most_flights_at_once_is_answered_eaga
   // The first flight is held in its listing; three more wait behind it.
   std::vector<FleetFile> keys;
   for (int i = 0; i < 4; ++i) keys.push_back(Main("flood-" + std::to_string(i)));
-  dest_->HoldNextList(KeyDir(keys[0]));
+  dest_->HoldNextList(LogDir(keys[0]));
   std::vector<std::future<int>> answers;
   answers.push_back(PrepareAsync(*rep_, keys[0], kEpoch));
   ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
@@ -649,10 +662,10 @@ TEST_F(ReplicatorTest, a_lookup_beyond_the_most_flights_at_once_is_answered_eaga
     EXPECT_EQ(a.get(), 0);
   }
   EXPECT_EQ(rep_->Stats().prepares_refused, 1u);
-  EXPECT_EQ(dest_->lists(KeyDir(extra)), 0);
+  EXPECT_EQ(dest_->lists(LogDir(extra)), 0);
   // The flights ended: the refused key is prepared now.
   EXPECT_EQ(PrepareAndWait(extra, kEpoch), 0);
-  EXPECT_EQ(dest_->lists(KeyDir(extra)), 1);
+  EXPECT_EQ(dest_->lists(LogDir(extra)), 1);
 }
 
 // ---- item 11: what the agent's loop reads never waits on a tenant ----
@@ -714,6 +727,13 @@ class Db {
     EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK)
         << sql << ": " << (err ? err : "");
     sqlite3_free(err);
+  }
+  int Count(const std::string& sql) {
+    sqlite3_stmt* st = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr), SQLITE_OK);
+    int n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+    sqlite3_finalize(st);
+    return n;
   }
   std::set<int> Ids() {
     std::set<int> ids;
@@ -972,6 +992,195 @@ TEST_F(ReplicatorTest, a_main_file_write_of_a_wal_database_whose_log_is_gone_sta
   EXPECT_EQ(rep_->Stats().unshippable_tenants, 0u);
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   EXPECT_EQ(rep_->Stats().snapshots, 1u);
+}
+
+// ---- issue 10: the replica log fences an old owner at the destination ----
+
+// A WAL database at `main` with `rows` rows, written through the hooks.
+std::shared_ptr<TenantWatch> WalTenant(Replicator& rep, Db& db, const FleetFile& main) {
+  db.Exec("PRAGMA journal_mode=WAL");
+  db.Exec("PRAGMA wal_autocheckpoint=0");
+  db.Exec("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, pad BLOB)");
+  auto watch = rep.Watch(main, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // something written
+  return watch;
+}
+
+// Another host's writer, having taken `main`'s log at `epoch` with its marker.
+std::unique_ptr<LogWriter> OtherOwner(Destination& dest, const FleetFile& main,
+                                      std::uint64_t epoch) {
+  constexpr std::uint64_t kAny = std::numeric_limits<std::uint64_t>::max();
+  auto w = std::make_unique<LogWriter>(dest, LogDir(main));
+  auto took = w->Takeover(epoch, kAny);
+  EXPECT_TRUE(took.ok() && took->kind == TakeoverKind::kReady);
+  auto marked = w->WriteMarker(1, kAny);
+  EXPECT_TRUE(marked.ok() && marked->kind == LogWriteKind::kAppended);
+  return w;
+}
+
+Result<LogHeader> Tail(Destination& dest, const FleetFile& main) {
+  FLEETFS_ASSIGN_OR_RETURN(auto seqs, ListLog(dest, LogDir(main)));
+  if (seqs.empty()) return NotFound("an empty log");
+  return ReadLogHeader(dest, LogDir(main), seqs.back(), std::numeric_limits<std::uint64_t>::max());
+}
+
+TEST_F(ReplicatorTest, steady_shipping_lists_nothing_and_puts_one_object_per_round) {
+  FleetFile k = Main("steady");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(Options());
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 5);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  const auto lists_before = dest_->all_lists();
+  const auto segments_before = rep_->Stats().segments;
+  for (int round = 0; round < 5; ++round) {
+    Insert(db, 10 + round, 11 + round);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  EXPECT_EQ(dest_->all_lists(), lists_before) << "an upload listed the destination";
+  EXPECT_EQ(rep_->Stats().segments, segments_before + 5);
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 10);
+}
+
+TEST_F(ReplicatorTest, an_old_owners_upload_after_a_new_owners_marker_is_refused_and_drops_its_range) {
+  std::atomic<std::uint64_t> newer{0};
+  ReplicatorOptions o = Options();
+  o.on_newer_epoch = [&](Slot, std::uint64_t e) { newer = e; };
+  FleetFile k = Main("fenced-old-owner");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(std::move(o));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 3);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  // Host B takes the key at a newer epoch while this host still writes.
+  auto b = OtherOwner(*inner_, k, kEpoch + 1);
+  Insert(db, 3, 4);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // the mount saw the write
+  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)))
+      << "a commit the destination refused was called shipped";
+  EXPECT_EQ(newer.load(), kEpoch + 1) << "the range was not dropped";
+  EXPECT_EQ(rep_->Stats().newer_epochs, 1u);
+  auto tail = Tail(*inner_, k);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->epoch, kEpoch + 1) << "an object of the old owner landed after the new marker";
+  EXPECT_EQ(tail->kind, LogKind::kMarker);
+  rep_->Stop();  // before `newer` goes
+}
+
+TEST_F(ReplicatorTest, an_epoch_above_what_the_store_granted_is_corruption_not_a_fence) {
+  std::atomic<std::uint64_t> newer{0};
+  std::atomic<int> ceiling_reads{0};
+  ReplicatorOptions o = Options();
+  o.on_newer_epoch = [&](Slot, std::uint64_t e) { newer = e; };
+  o.epoch_ceiling = [&]() -> Result<std::uint64_t> {
+    ++ceiling_reads;
+    return kEpoch + 1;
+  };
+  FleetFile k = Main("forged-epoch");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(std::move(o));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 3);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  const int reads_before = ceiling_reads.load();
+  // An object forged with an epoch no store granted takes the next sequence.
+  auto forged = OtherOwner(*inner_, k, 1'000'000);
+  Insert(db, 3, 4);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)));
+  EXPECT_EQ(newer.load(), 0u) << "a forged epoch was taken for a fence";
+  EXPECT_EQ(rep_->Stats().newer_epochs, 0u);
+  EXPECT_GT(ceiling_reads.load(), reads_before) << "the store's ceiling was not read again";
+  EXPECT_NE(rep_->Stats().failing.find("cannot be trusted"), std::string::npos)
+      << rep_->Stats().failing;
+  rep_->Stop();
+}
+
+TEST_F(ReplicatorTest, a_create_that_failed_after_landing_is_found_as_its_own_on_retry) {
+  auto flaky = std::make_shared<FailingDestination>(inner_);
+  ReplicatorOptions o = Options();
+  o.destination = flaky;
+  FleetFile k = Main("landed-then-failed");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(std::move(o));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 3);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  // The next create lands but its answer is lost; commits keep coming.
+  flaky->LoseAnswerOfNth(Request::kCreate, 1, Unavailable("the answer was lost"));
+  Insert(db, 3, 4);
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  Insert(db, 4, 6);
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().failing, "");
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 6);
+}
+
+// Item 3: deletes are facts of the replica, at an epoch.
+TEST_F(ReplicatorTest, a_delete_here_does_not_hide_what_a_newer_owner_wrote_since) {
+  FleetFile k = Main("deleted-then-remade");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(Options());
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  fs::remove(Backing(k));
+  fs::remove(Backing(k) + "-wal");
+  fs::remove(Backing(k) + "-shm");
+  rep_->Deleted(k, kEpoch);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  ASSERT_EQ(rep_->Stats().tombstones, 1u);
+  // B makes the tenant again at a newer epoch; this host claims above it.
+  PutGeneration(k, kEpoch + 1, std::string(8192, 'B'));
+  served_ = kEpoch + 2;
+  EXPECT_EQ(PrepareAndWait(k, kEpoch + 2), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'B'))
+      << "the delete remembered here hid the newer owner's tenant";
+}
+
+TEST_F(ReplicatorTest, a_delete_survives_a_crash_before_its_tombstone_ships) {
+  auto down = std::make_shared<FailingDestination>(inner_);
+  ReplicatorOptions o = Options();
+  o.destination = down;
+  FleetFile k = Main("deleted-then-crash");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(o);
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  fs::remove(Backing(k));
+  fs::remove(Backing(k) + "-wal");
+  fs::remove(Backing(k) + "-shm");
+  down->FailEvery(Request::kCreate, Unavailable("the replica is down"));
+  rep_->Deleted(k, kEpoch);
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  rep_.reset();  // the agent ends with the tombstone unshipped (a crash keeps the same disk)
+  down->Heal();
+  Start(o);
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_FALSE(fs::exists(Backing(k))) << "the deleted tenant came back after a restart";
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().tombstones, 1u);
+  auto tail = Tail(*inner_, k);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->kind, LogKind::kTombstone);
+  EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "deleted"));
 }
 
 }  // namespace

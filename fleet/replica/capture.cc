@@ -31,12 +31,6 @@ std::uint32_t Be32(const void* p) {
          b[3];
 }
 
-std::string MarkerName(const FleetFile& main) {
-  std::string m = main.main_path;
-  std::replace(m.begin(), m.end(), '/', '-');
-  return m;
-}
-
 // Page size from a database header (bytes 16-17; 1 means 65536).
 std::uint32_t DbPageSize(int fd) {
   std::uint8_t h[2];
@@ -48,6 +42,12 @@ std::uint32_t DbPageSize(int fd) {
 }
 
 }  // namespace
+
+std::string MarkerName(const FleetFile& main) {
+  std::string m = main.main_path;
+  std::replace(m.begin(), m.end(), '/', '-');
+  return m;
+}
 
 Capture::Capture(CaptureOptions options, FleetFile main)
     : o_(std::move(options)), main_(std::move(main)) {

@@ -64,6 +64,10 @@ namespace fleetfs::replica {
 // shipped, so an agent that restarts after a crash ships them.
 inline constexpr std::string_view kUnshippedMarkerDir = ".fleetfs/unshipped";
 
+// A tenant's file name in the agent's marker directories ("176-acme.db"):
+// its main file's path with the bucket's slash made a dash.
+std::string MarkerName(const FleetFile& main);
+
 struct CaptureOptions {
   int root = -1;                    // the backing directory; must outlive the capture
   const WallClock* wall = nullptr;  // commit times; must outlive the capture

@@ -24,6 +24,13 @@ std::string_view ShipActionName(ShipAction action) {
 
 ShipDecision Decide(const ShipInputs& in) {
   if (in.fenced) return {ShipAction::kStop, "a newer epoch took the log"};
+  // Commits acknowledged under the log's epoch ship under it even after the
+  // lease ended (a lapse, a new epoch not yet checked): losing them would
+  // lose acknowledged commits, and a newer owner's marker refuses them.
+  const bool appendable = in.log_epoch && in.appendable && in.matches_tail;
+  if (appendable && (!in.serving_epoch || *in.serving_epoch > *in.log_epoch)) {
+    return {ShipAction::kSegment, "commits of the log's epoch ship under it first"};
+  }
   if (!in.serving_epoch) return {ShipAction::kNothing, "the key is not served here"};
   const std::uint64_t epoch = *in.serving_epoch;
   if (in.log_epoch && *in.log_epoch > epoch) {
@@ -39,9 +46,13 @@ ShipDecision Decide(const ShipInputs& in) {
   }
   if (in.deleted) return {ShipAction::kTombstone, "the file was deleted"};
   if (in.unshippable) {
+    if (appendable) return {ShipAction::kSegment, "commits from before the switch still ship"};
     return {ShipAction::kNothing, "the journal mode leaves no trace of a transaction's end"};
   }
-  if (in.gap) return {ShipAction::kSnapshot, "a capture failed: the commits have a gap"};
+  if (in.gap) {
+    if (appendable) return {ShipAction::kSegment, "commits from before the gap ship first"};
+    return {ShipAction::kSnapshot, "a capture failed: the commits have a gap"};
+  }
   if (!in.matches_tail)
     return {ShipAction::kSnapshot, "the file is not the state of the log's tail"};
   if (in.snapshot_due) return {ShipAction::kSnapshot, "a snapshot is due"};

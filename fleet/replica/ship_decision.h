@@ -5,14 +5,20 @@
 //
 // The rules, first match wins:
 //   fenced (a newer epoch took the log)             → stop
+//   not served, or served above the log's epoch,
+//     with appendable commits                       → segment (at the log's epoch)
 //   not served                                      → nothing
 //   the log taken at a newer epoch than served      → nothing (the view lags)
 //   served at an epoch the log was not taken at:
 //     the file not yet checked at that epoch        → check
 //     checked                                       → marker
 //   deleted through the mount                       → tombstone
-//   unshippable (journal_mode OFF or MEMORY)        → nothing
-//   a capture failed (a gap in the commits)         → snapshot
+//   unshippable (journal_mode OFF or MEMORY)        → segment if appendable
+//                                                     (from before the switch),
+//                                                     else nothing
+//   a capture failed (a gap in the commits)         → segment if appendable
+//                                                     (from before the gap),
+//                                                     else snapshot
 //   the file is not the log tail's state            → snapshot
 //   a snapshot is due                               → snapshot
 //   commits waiting                                 → segment
@@ -54,6 +60,11 @@ struct ShipInputs {
   bool matches_tail = false;
   // Captured commits not yet shipped.
   bool commits_waiting = false;
+  // Of them, some follow the log's tail with no gap between (captured before
+  // any gap, after a snapshot under this host's marker): the log can take
+  // them as a segment at its epoch whatever is served now, since a newer
+  // owner's marker refuses them at the destination.
+  bool appendable = false;
   // The snapshot interval passed and segments were shipped since the last
   // snapshot.
   bool snapshot_due = false;

@@ -154,6 +154,49 @@ TEST(Decide, a_due_snapshot_is_shipped_before_waiting_commits) {
   EXPECT_EQ(Act(in), ShipAction::kSnapshot);
 }
 
+TEST(Decide, commits_of_the_logs_epoch_ship_under_it_after_the_lease_ended) {
+  ShipInputs in = Steady();
+  in.commits_waiting = in.appendable = true;
+  in.serving_epoch.reset();
+  EXPECT_EQ(Act(in), ShipAction::kSegment);
+  in.appendable = false;  // behind a gap: only a snapshot could ship them, and only while served
+  EXPECT_EQ(Act(in), ShipAction::kNothing);
+}
+
+TEST(Decide, commits_of_the_old_epoch_ship_before_the_new_epochs_check) {
+  ShipInputs in = Steady();
+  in.commits_waiting = in.appendable = true;
+  in.serving_epoch = 3;
+  EXPECT_EQ(Act(in), ShipAction::kSegment);
+  in.appendable = false;
+  EXPECT_EQ(Act(in), ShipAction::kCheck);
+}
+
+TEST(Decide, appendable_commits_need_the_file_to_follow_the_tail) {
+  ShipInputs in = Steady();
+  in.commits_waiting = in.appendable = true;
+  in.serving_epoch.reset();
+  in.matches_tail = false;
+  EXPECT_EQ(Act(in), ShipAction::kNothing);
+  in.log_epoch.reset();
+  in.matches_tail = true;
+  EXPECT_EQ(Act(in), ShipAction::kNothing);
+}
+
+TEST(Decide, commits_from_before_a_gap_ship_as_a_segment_then_the_snapshot) {
+  ShipInputs in = Steady();
+  in.gap = in.commits_waiting = in.appendable = true;
+  EXPECT_EQ(Act(in), ShipAction::kSegment);
+  in.appendable = false;
+  EXPECT_EQ(Act(in), ShipAction::kSnapshot);
+}
+
+TEST(Decide, commits_from_before_a_switch_to_journal_mode_off_still_ship) {
+  ShipInputs in = Steady();
+  in.unshippable = in.commits_waiting = in.appendable = true;
+  EXPECT_EQ(Act(in), ShipAction::kSegment);
+}
+
 TEST(Decide, every_decision_says_why) {
   ShipInputs in = Steady();
   EXPECT_FALSE(Decide(in).why.empty());

@@ -499,23 +499,29 @@ value, the directories and the store file have passed)
   shutdown_grace = "5s"
   replica = "file:///var/lib/fleetfs/replica"   # or "off" (the default)
   sync_interval = "1s"            # how often commits ship; 10ms to 600s
-  snapshot_interval = "1h"        # a new snapshot in a generation this often
+  snapshot_interval = "1h"        # a new snapshot in each tenant's log this often
   retention = "72h"               # any commit this recent can be restored
 
 REPLICATION (with --replica)
 Every commit of a served database ships to the replica: WAL frames once
 their checksum chain reaches a commit frame, rollback-journal commits when the
 journal is finished. A WAL restart, truncation or delete waits until the old
-log's commits are captured; a commit never waits for the destination. The
-replica keeps generations tagged with the epoch they were written under, a
-snapshot first, then segments (zstd, XXH64). A missing main file is restored
-from the replica before its lookup answers; a file older than another owner's
+log's commits are captured; a commit never waits for the destination. Each
+tenant has one create-only log at the replica, REPLICA/BBB/<file>/, of
+objects named by their sequence: snapshots, segments of commits (zstd),
+tombstones, and the marker a new owner writes when it takes the key at its
+epoch. Each object carries the key, its epoch, its sequence, its commit times
+and the checksum (XXH64) of the object before it, and is created, never
+replaced: an old owner whose next object finds its sequence taken by a newer
+epoch stops shipping and drops the range. A missing main file is restored
+from the log before its lookup answers; a file older than another owner's
 newer epoch at the replica is replaced first. Deleting a tenant through the
-mount writes a tombstone. A planned stop ships everything before releasing; a
-crash loses at most the commits of the last sync interval. Retention: after
-each new snapshot, older generations whose last commit is past the retention
-go (never the newest), and so do objects that precede a snapshot older than
-the retention; any commit within the retention stays restorable.
+mount writes a tombstone; a later snapshot revives it. A planned stop ships
+everything before releasing; a crash loses at most the commits of the last
+sync interval. Retention: the objects before the newest snapshot older than
+the retention go, never the log's newest; any commit within the retention
+stays restorable. A replica directory written by an older fleetfs
+(generations as directories) is refused with what to do, never read as empty.
 
 BACKING VOLUME FAULTS
 Writes failing with ENOSPC make /health 503 ("the backing volume ... is
@@ -542,27 +548,53 @@ EXAMPLES
 
 constexpr const char* kReplicaFooter = R"(
 TENANT is a tenant id (tenant mode) or any routing key (with --mode slot).
---replica is the destination an agent ships to (file:///ABSOLUTE/DIR).
+--replica is the destination an agent ships to (file:///ABSOLUTE/DIR). These
+commands only read it; they need no agent and no ownership store.
 
-  ls      generations, oldest first: epoch, first and last commit (local
-          time), commits, bytes; the newest epoch is what a restore takes
-  verify  restores the newest generation to a temporary file and runs
-          PRAGMA integrity_check; exit 0 only when it says ok
+A tenant's replica is one log, REPLICA/BBB/<file>/, of objects numbered from 0
+(retention removes the oldest): snapshot (the whole database as of a commit),
+segment (commits, in order), tombstone (deleted through the mount), marker (a
+new owner took the key at its epoch). Each object names the checksum of the
+one before it, so a changed, missing or reordered object is found. Epochs
+never decrease along the log; its newest object carries the newest epoch.
 
-A corrupt or missing object fails with a message naming it (exit 1).
+  ls      one line per object: sequence, kind, epoch, first and last time
+          (local time, in the form --at takes), database size, commits and
+          the object's bytes; then the objects, the newest epoch, the times a
+          restore can reach (from the oldest snapshot to the newest object)
+          and whether the log ends in a deletion. --json prints the same, with
+          times in ms since the Unix epoch and null where there is none.
+          A log that holds nothing exits 1 (with --json: 0, and no objects).
+  verify  reads every object of the log, checks each one and the chain, then
+          restores the newest state to a temporary file and runs PRAGMA
+          integrity_check; exit 0 only when all of it holds
+
+A corrupt or missing object fails with a message naming it (exit 1). A
+replica directory in the layout of an older fleetfs (generations as
+directories) is refused with what to do (exit 1).
 
 EXAMPLES
   fleetfs replica ls acme --replica file:///var/lib/fleetfs/replica
+  fleetfs replica ls acme --replica file:///var/lib/fleetfs/replica --json
   fleetfs replica verify acme --replica file:///var/lib/fleetfs/replica
 )";
 
 constexpr const char* kRestoreFooter = R"(
-Rebuilds TENANT's database from the replica into FILE, which must not exist
-(restore never overwrites; a failed restore leaves no file). Without --at,
-the newest generation of the newest epoch, with every commit it holds. With
---at TIME, exactly the commits made up to TIME: write
-YYYY-MM-DDTHH:MM:SS[.mmm] (local time), the same ending in Z (UTC), or
-@MILLISECONDS since the Unix epoch. Shows progress on a terminal.
+Rebuilds TENANT's database from its replica log into FILE, which must not
+exist (restore never overwrites; a failed restore leaves no file). Without
+--at, the newest state: the newest snapshot and every commit after it. With
+--at TIME, exactly the commits made up to TIME, from the newest snapshot at or
+before it: write YYYY-MM-DDTHH:MM:SS[.mmm] (local time), the same ending in Z
+(UTC), or @MILLISECONDS since the Unix epoch ('fleetfs replica ls' prints
+times in the first form). Every object read is checked, and so is the chain
+of checksums between them. FILE gets the mode the tenant file had when the
+snapshot was taken and, when root restores, its owner too. Shows progress on
+a terminal.
+
+Exit 1, leaving no file, when the log holds no snapshot (at or before TIME),
+when the tenant was deleted by then (the message says when), when TIME is
+older than retention kept (the message names the oldest time that can be
+restored), or when an object is corrupt or missing (the message names it).
 
 EXAMPLES
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
@@ -667,7 +699,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   auto* o_sync = mount->add_option("--sync-interval", sync_interval, "How often commits ship")
                      ->default_str("1s");
   auto* o_snap = mount->add_option("--snapshot-interval", snapshot_interval,
-                                   "How often a generation takes a new snapshot")
+                                   "How often each tenant's log takes a new snapshot")
                      ->default_str("1h");
   auto* o_retention = mount->add_option("--retention", retention,
                                         "How long any commit stays restorable")
@@ -684,11 +716,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         ->required();
     cmd->add_option("--mode", rargs.mode, "Layout: 'tenant' or 'slot'")->default_str("tenant");
   };
-  auto* replica_ls = replica_cmd->add_subcommand("ls", "List a tenant's generations");
+  auto* replica_ls = replica_cmd->add_subcommand("ls", "List the objects of a tenant's replica log");
   add_replica_args(replica_ls);
   replica_ls->add_flag("--json", rargs.json, "Print JSON (times in ms since the Unix epoch)");
   auto* replica_verify = replica_cmd->add_subcommand(
-      "verify", "Restore to a temporary file and run PRAGMA integrity_check");
+      "verify", "Check the whole log, restore it, run PRAGMA integrity_check");
   add_replica_args(replica_verify);
   auto* restore_cmd =
       app.add_subcommand("restore", "Rebuild a tenant's database from its replica into a file");

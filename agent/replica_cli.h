@@ -1,5 +1,7 @@
 // The `fleetfs replica ls|verify` and `fleetfs restore` commands: read a
-// tenant's replica at a destination, without an agent.
+// tenant's replica log (DESIGN 5) at a destination, without an agent and
+// without an ownership store. They only read: nothing at the destination is
+// made, written or removed.
 //
 // Thread-safety: each call runs alone.
 #pragma once

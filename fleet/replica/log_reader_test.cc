@@ -7,14 +7,16 @@
 
 #include "fleet/destination_fakes.h"
 #include "fleet/replica/log_names.h"
+#include "fleet/replica/log_test_support.h"
 #include "fleet/replica/log_writer.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::replica {
 namespace {
 
-constexpr const char* kDir = "176/acme.db";
-constexpr std::size_t kPage = 4096;
+using testing::LogBuilder;
+constexpr const char* kDir = testing::kLogDir;
+constexpr std::size_t kPage = testing::kLogPage;
 
 std::string ReadAll(int fd) {
   struct stat st;
@@ -23,70 +25,6 @@ std::string ReadAll(int fd) {
   EXPECT_EQ(::pread(fd, s.data(), s.size(), 0), static_cast<ssize_t>(s.size()));
   return s;
 }
-
-// Writes a key's log through a LogWriter, keeping the database each commit
-// leaves, so a restore's result can be compared with it.
-class LogBuilder {
- public:
-  explicit LogBuilder(Destination& dest) : writer_(dest, kDir) {}
-
-  void Take(std::uint64_t epoch, WallMs at = 1) {
-    auto t = writer_.Takeover(epoch, kMaxEpoch);
-    ASSERT_TRUE(t.ok() && t->kind == TakeoverKind::kReady);
-    auto m = writer_.WriteMarker(at, kMaxEpoch);
-    ASSERT_TRUE(m.ok() && m->kind == LogWriteKind::kAppended);
-  }
-  // The file was created anew (after a deletion), holding `db`.
-  void Recreate(std::string db) { db_ = std::move(db); }
-  void Snapshot(WallMs as_of) {
-    states_[as_of] = db_;
-    UniqueFd src(::memfd_create("db", 0)), out(::memfd_create("snap", 0));
-    ASSERT_EQ(::pwrite(src.get(), db_.data(), db_.size(), 0), static_cast<ssize_t>(db_.size()));
-    auto sum = WriteLogSnapshot(src.get(), db_.size(), writer_.position(), as_of,
-                                SnapshotOwner{1000, 1000, 0600}, nullptr, out.get());
-    ASSERT_TRUE(sum.ok()) << sum.status().message();
-    Appended(writer_.AppendFile(out.get(), *sum, kMaxEpoch));
-  }
-  // One segment; each commit writes page `page` full of `fill`.
-  void Segment(std::vector<std::pair<WallMs, char>> commits, std::uint64_t page = 0) {
-    std::vector<Txn> txns;
-    for (auto [ms, fill] : commits) {
-      const std::uint64_t off = page * kPage;
-      if (db_.size() < off + kPage) db_.resize(off + kPage, '\0');
-      db_.replace(off, kPage, std::string(kPage, fill));
-      txns.push_back(Txn{ms, db_.size(), {PageWrite{off, std::string(kPage, fill)}}});
-      states_[ms] = db_;
-    }
-    auto seg = EncodeLogSegment(writer_.position(), txns);
-    ASSERT_TRUE(seg.ok());
-    Appended(writer_.Append(*seg, kMaxEpoch));
-  }
-  void Tombstone(WallMs at) {
-    auto t = EncodeLogTombstone(writer_.position(), at);
-    ASSERT_TRUE(t.ok());
-    Appended(writer_.Append(*t, kMaxEpoch));
-    db_.clear();
-    states_[at] = db_;
-  }
-  // The database after the last commit at or before `ms`.
-  std::string StateAt(WallMs ms) const {
-    auto it = states_.upper_bound(ms);
-    return it == states_.begin() ? std::string() : std::prev(it)->second;
-  }
-  const std::string& db() const { return db_; }
-  const LogPosition& position() const { return writer_.position(); }
-
-  static constexpr std::uint64_t kMaxEpoch = 5;
-
- private:
-  void Appended(const Result<LogWriteOutcome>& r) {
-    ASSERT_TRUE(r.ok()) << r.status().message();
-    ASSERT_EQ(r->kind, LogWriteKind::kAppended);
-  }
-  LogWriter writer_;
-  std::string db_;
-  std::map<WallMs, std::string> states_;
-};
 
 struct Restored {
   Result<LogRestoreOutcome> outcome;

@@ -630,6 +630,16 @@ void Replicator::Impl::UploadTombstones() {
   for (const Tombstone& tomb : todo) {
     auto k = LogFor(tomb.main);
     std::lock_guard ship(k->mu);
+    {
+      // Another round (a flush beside the loop's) may have shipped it while
+      // this one waited for the key.
+      std::lock_guard lock(tenants_mu_);
+      if (std::none_of(tombstones_.begin(), tombstones_.end(), [&](const Tombstone& t) {
+            return t.main.main_path == tomb.main.main_path && t.when == tomb.when;
+          })) {
+        continue;
+      }
+    }
     bool done = false;
     Status st = ShipTombstone(*k, tomb, &done);
     if (!st.ok() && st.code() != Code::kFailedPrecondition) RecordFailure(st);
@@ -1016,7 +1026,9 @@ bool Replicator::Impl::Sync(Tenant& t) {
   const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
   if (pending) return false;
   if (shipped) return t.capture().SettleShipped(first);
-  if (scan.unshipped || scan.has_captured) return false;
+  if (scan.has_captured) return false;
+  // Nothing left to ship: the unshipped marker goes once the capture holds
+  // nothing either (SettleIdle keeps it while a gap waits for a snapshot).
   return t.capture().SettleIdle(first);
 }
 

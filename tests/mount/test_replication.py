@@ -1,11 +1,12 @@
 """Replication and restore before exposure, through real mounts: agents on
 their own backing directories share one control database and one replica."""
-import glob
+import ctypes
 import json
 import multiprocessing
 import os
 import signal
 import sqlite3
+import struct
 import subprocess
 import time
 import unittest
@@ -50,6 +51,40 @@ def rows(path):
     return ids, check
 
 
+_XXH = ctypes.CDLL("libxxhash.so.0")
+_XXH.XXH64.restype = ctypes.c_uint64
+_XXH.XXH64.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64]
+
+
+def xxh64(data):
+    return _XXH.XXH64(bytes(data), len(data), 0)
+
+
+def forge_marker(log_dir, epoch):
+    """Writes what another owner's takeover at `epoch` writes: a marker after
+    the log's tail (made from the log's own first marker, its epoch, sequence,
+    chain checksum and header checksum rewritten; layout in
+    fleet/replica/log_object.h)."""
+    names = sorted(n for n in os.listdir(log_dir) if len(n) == 20 and n.isdigit())
+    with open(os.path.join(log_dir, names[-1]), "rb") as f:
+        tail = f.read()
+    marker = None
+    for n in names:
+        with open(os.path.join(log_dir, n), "rb") as f:
+            b = bytearray(f.read())
+        if struct.unpack_from("<I", b, 12)[0] == 4:  # kind: marker
+            marker = b
+            break
+    seq = int(names[-1]) + 1
+    struct.pack_into("<QQ", marker, 16, epoch, seq)
+    struct.pack_into("<Q", marker, 72, xxh64(tail))
+    key_len = struct.unpack_from("<I", marker, 104)[0]
+    struct.pack_into("<Q", marker, 112 + key_len, xxh64(marker[:112 + key_len]))
+    with open(os.path.join(log_dir, f"{seq:020d}"), "xb") as f:
+        f.write(marker)
+    return seq
+
+
 def cli(*args):
     return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
 
@@ -73,11 +108,14 @@ class Replication(MountTest):
         db.close()
         return rel
 
-    def generations(self, tenant):
+    def log_summary(self, tenant):
         out = cli("replica", "ls", tenant, "--replica", self.replica, "--json")
         if out.returncode != 0:
-            return []
-        return json.loads(out.stdout)["generations"]
+            return {"objects": [], "deleted": False}
+        return json.loads(out.stdout)
+
+    def snapshots(self, tenant):
+        return [o for o in self.log_summary(tenant)["objects"] if o["kind"] == "snapshot"]
 
     def wait_shipped(self, agent, timeout=10):
         def done():
@@ -207,27 +245,30 @@ class Replication(MountTest):
         a = self.ragent("a", extra=["--snapshot-interval", "1s"]).start()
         a.wait_states("serving")
         rel = self.make_tenant(a, tenant, "wal")
-        wait_for(lambda: self.generations(tenant), 10, "a first generation")
+        wait_for(lambda: self.snapshots(tenant), 10, "a first snapshot")
         marks = self.commit_with_marks(os.path.join(a.mount, rel), 12, "randomblob(100)")
         self.wait_shipped(a)
-        snaps = glob.glob(os.path.join(self.root, "replica", rel, "e*", "*.snap"))
-        self.assertGreaterEqual(len(snaps), 3, "no snapshot was taken inside the generation")
+        self.assertGreaterEqual(len(self.snapshots(tenant)), 3, "no periodic snapshot was taken")
         self.assert_restores_at_marks(tenant, marks)
         self.assertEqual(cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
 
-    # 3. A newer epoch at the destination stops the replicator and drops the range.
+    # 3. A newer owner's marker in the log refuses the old owner's next
+    # upload at the destination: the old owner stops and drops the range.
     def test_newer_epoch_at_the_replica_drops_the_range(self):
         tenant = tenants_in(0, 16383, 1, prefix="newer")[0]
         a = self.ragent("a").start()
         a.wait_states("serving")
         rel = self.make_tenant(a, tenant, "wal")
         self.wait_shipped(a)
-        gens = glob.glob(os.path.join(self.root, "replica", rel, "e*"))
-        self.assertEqual(len(gens), 1)
         epoch = a.status()["ranges"][0]["epoch"]
         newer = epoch + 1000
-        # Another owner's generation at a newer epoch (a copy of A's, so it restores).
-        os.rename(gens[0], os.path.join(os.path.dirname(gens[0]), f"e{newer:020d}-g00000009"))
+        # Another host was granted `newer` (the store's counter says so) and
+        # took the key: its marker follows A's tail.
+        control = sqlite3.connect(os.path.join(self.root, "control.db"), timeout=10)
+        control.execute("UPDATE fleetfs_epoch_counter SET last = ? WHERE id = 1", (newer,))
+        control.commit()
+        control.close()
+        forge_marker(os.path.join(self.root, "replica", rel), newer)
         db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
         db.execute("INSERT INTO t(id, pad) VALUES (1, x'01')")
         wait_for(lambda: "dropping range" in a.log(), 10, "A drops the range", on_fail=a.log_tail)
@@ -242,6 +283,25 @@ class Replication(MountTest):
         a.wait_states("serving", timeout=TTL_S * 3)
         self.assertGreater(a.status()["ranges"][0]["epoch"], newer)
 
+    # An epoch above anything the store granted is corruption, not a fence:
+    # the range stays, the tenant's shipping stops, and the failure is told.
+    def test_a_forged_epoch_in_the_log_is_refused_not_taken_for_a_fence(self):
+        tenant = tenants_in(0, 16383, 1, prefix="forged")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        self.wait_shipped(a)
+        epoch = a.status()["ranges"][0]["epoch"]
+        forge_marker(os.path.join(self.root, "replica", rel), 2**40)
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        db.execute("INSERT INTO t(id, pad) VALUES (1, x'01')")
+        db.close()
+        wait_for(lambda: a.http("/health")[0] == 503, 10, "health 503", on_fail=a.log_tail)
+        self.assertIn("cannot be trusted", a.http("/health")[1])
+        self.assertNotIn("dropping range", a.log())
+        self.assertEqual(a.states(), ["serving"])
+        self.assertEqual(a.status()["ranges"][0]["epoch"], epoch, "the forged epoch raised the floor")
+
     # 4. Point in time: restoring at T gives exactly the commits up to T.
     def test_point_in_time(self):
         a = self.ragent("a").start()
@@ -250,7 +310,7 @@ class Replication(MountTest):
         for mode in ("wal", "delete", "truncate", "persist"):
             tenant = tenants_in(0, 16383, 1, prefix=f"pit{mode}")[0]
             rel = self.make_tenant(a, tenant, mode)
-            wait_for(lambda: self.generations(tenant), 10, "a first generation")
+            wait_for(lambda: self.snapshots(tenant), 10, "a first snapshot")
             marks = self.commit_with_marks(os.path.join(a.mount, rel), 6, "x'00'")
             self.wait_shipped(a)
             out = self.assert_restores_at_marks(tenant, marks, spell_utc=True)
@@ -339,26 +399,27 @@ class Replication(MountTest):
         a = self.ragent("a").start()
         a.wait_states("serving")
         rel = self.make_tenant(a, tenant, "wal")
-        wait_for(lambda: self.generations(tenant), 10, "a first generation")
+        wait_for(lambda: self.snapshots(tenant), 10, "a first snapshot")
         db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
         for i in range(20):
             db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(500))", (i,))
         db.close()
         self.wait_shipped(a)
         self.assertEqual(a.stop(), 0)
-        segs = sorted(glob.glob(os.path.join(self.root, "replica", rel, "e*", "*.seg")))
+        segs = [o for o in self.log_summary(tenant)["objects"] if o["kind"] == "segment"]
         self.assertTrue(segs)
-        with open(segs[-1], "r+b") as f:
-            f.seek(os.path.getsize(segs[-1]) - 10)
+        name = f"{segs[-1]['seq']:020d}"
+        seg = os.path.join(self.root, "replica", rel, name)
+        with open(seg, "r+b") as f:
+            f.seek(os.path.getsize(seg) - 10)
             byte = f.read(1)
             f.seek(-1, 1)
             f.write(bytes([byte[0] ^ 0xFF]))
-        name = os.path.basename(segs[-1])
         out = os.path.join(self.root, "out.db")
         r = cli("restore", tenant, "--replica", self.replica, "-o", out)
         self.assertEqual(r.returncode, 1)
         self.assertIn(name, r.stderr)
-        self.assertIn("checksum mismatch", r.stderr)
+        self.assertIn("checksum", r.stderr)
         self.assertFalse(os.path.exists(out))
         r = cli("replica", "verify", tenant, "--replica", self.replica)
         self.assertEqual(r.returncode, 1)
@@ -392,7 +453,7 @@ class Replication(MountTest):
         self.wait_shipped(a)
         os.unlink(os.path.join(a.mount, rel))
         self.assertFalse(os.path.exists(os.path.join(a.mount, rel)))
-        wait_for(lambda: any(g["tombstone"] for g in self.generations(tenant)), 10,
+        wait_for(lambda: self.log_summary(tenant)["deleted"], 10,
                  "a tombstone at the replica", on_fail=a.log_tail)
         self.assertFalse(os.path.exists(os.path.join(a.mount, rel)))
         self.assertEqual(a.stop(), 0)

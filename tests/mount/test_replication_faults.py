@@ -227,7 +227,7 @@ class ReplicationFaults(MountTest):
         os.truncate(os.path.join(a.mount, rel), BIG_BYTES)
         scrapes, lease_left, slowest = 0, [], 0.0
         deadline = time.monotonic() + 360  # under ASan the copy alone takes minutes
-        while "ships generation" not in a.log():
+        while "ships a snapshot" not in a.log():
             self.assertLess(time.monotonic(), deadline, "the snapshot never shipped\n" +
                             a.log_tail())
             started = time.monotonic()

@@ -185,6 +185,8 @@ class Replicator::Impl {
   void UploadTombstones();
   Status ShipTombstone(KeyLog& k, const Tombstone& tomb, bool* done);
   std::string DeletedPath(const FleetFile& main) const;
+  // The newest object of `main`'s log that carries data (not a marker).
+  Result<std::optional<LogHeader>> NewestData(const FleetFile& main, std::uint64_t epoch);
   // The tombstone of `main` (of the delete at `when`, or any) is no longer
   // to be shipped: landed, superseded, or the tenant made again.
   void ForgetDelete(const FleetFile& main, std::optional<WallMs> when);
@@ -302,6 +304,10 @@ struct KeyLog {
   // A snapshot of the local file (or its restore) follows this host's
   // marker: segments may follow it.
   bool base = false;
+  // Set (without mu) when the file the base was taken from may be gone: a
+  // delete, or a new Tenant (a new capture) for the key. The next round
+  // under mu starts from a snapshot.
+  std::atomic<bool> stale_base{false};
   WallMs last_snapshot_ms = 0;
   std::uint64_t commits_since_snapshot = 0;
   // A newer epoch took the log (or it could not be trusted) while written at
@@ -397,6 +403,13 @@ Status Replicator::Impl::Start() {
     UniqueFd fd(::openat(dirfd, MarkerName(file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     const ssize_t n = fd.valid() ? ::read(fd.get(), buf, sizeof buf - 1) : -1;
     unsigned long long epoch = 0, when = 0;
+    struct stat st;
+    if (::fstatat(root_.get(), file.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      // The tenant was made again after the delete (the record outlived
+      // it): the record is stale, never a delete of the file there now.
+      ::unlinkat(dirfd, MarkerName(file).c_str(), 0);
+      return;
+    }
     if (n <= 0 || std::sscanf(buf, "%llu %llu", &epoch, &when) != 2 || epoch == 0) {
       spdlog::warn("replica: {}/{}/{} does not hold '<epoch> <ms>'; the delete it records is "
                    "ignored",
@@ -479,9 +492,14 @@ std::shared_ptr<Tenant> Replicator::Impl::TenantFor(const FleetFile& main, bool 
   }
   // Made outside the lock: it reads the disk, and tenants_mu_ is never held
   // across I/O. When two calls race, the first one in wins.
-  auto made = std::make_shared<Tenant>(*this, main, LogFor(main));
+  auto log = LogFor(main);
+  auto made = std::make_shared<Tenant>(*this, main, log);
   std::lock_guard lock(tenants_mu_);
-  return tenants_.emplace(main.main_path, std::move(made)).first->second;
+  auto [it, inserted] = tenants_.emplace(main.main_path, std::move(made));
+  // A new capture knows nothing of what the log's base was taken from: its
+  // commits never follow that base as segments.
+  if (inserted) log->stale_base = true;
+  return it->second;
 }
 
 std::shared_ptr<KeyLog> Replicator::Impl::LogFor(const FleetFile& main) {
@@ -498,6 +516,12 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
   }
   FleetFile main = file;
   main.role = FileRole::kMain;
+  if (file.role != FileRole::kMain) {
+    // A sidecar of a deleted tenant (a connection that outlived the delete)
+    // does not bring the tenant back.
+    std::lock_guard lock(tenants_mu_);
+    if (deleted_.count(main.main_path) > 0) return nullptr;
+  }
   // Made (or opened) here: no longer absent.
   absent_.Forget(main.main_path);
   if (file.role == FileRole::kMain) {
@@ -514,19 +538,12 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
 
 void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
   const WallMs when = NowMs();
-  std::shared_ptr<Tenant> t;
-  {
-    std::lock_guard lock(tenants_mu_);
-    auto it = tenants_.find(main.main_path);
-    if (it != tenants_.end()) {
-      t = it->second;
-      tenants_.erase(it);
-    }
-    deleted_[main.main_path] = epoch;
-    tombstones_.push_back(Tombstone{main, epoch, when});
-  }
-  // Kept on disk until the tombstone is in the log: after a crash the
-  // tenant stays deleted, and its tombstone ships once its range is served.
+  // On disk before the delete is known in memory: an upload that lands
+  // meanwhile finds the record to remove (published first, a record written
+  // after its removal would outlive the tombstone and, after a restart,
+  // delete the tenant made again). Kept until the tombstone is in the log:
+  // after a crash the tenant stays deleted, and its tombstone ships once its
+  // range is served.
   const std::string record = std::to_string(epoch) + " " + std::to_string(when) + "\n";
   const std::string path = DeletedPath(main);
   const std::string temp = path + ".tmp";
@@ -540,6 +557,18 @@ void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
                                    O_RDONLY | O_DIRECTORY | O_CLOEXEC));
              dir.valid()) {
     ::fsync(dir.get());
+  }
+  LogFor(main)->stale_base = true;  // a tenant made again starts from a snapshot
+  std::shared_ptr<Tenant> t;
+  {
+    std::lock_guard lock(tenants_mu_);
+    auto it = tenants_.find(main.main_path);
+    if (it != tenants_.end()) {
+      t = it->second;
+      tenants_.erase(it);
+    }
+    deleted_[main.main_path] = epoch;
+    tombstones_.push_back(Tombstone{main, epoch, when});
   }
   if (t) {
     {
@@ -668,9 +697,11 @@ Status Replicator::Impl::ShipTombstone(KeyLog& k, const Tombstone& tomb, bool* d
       *done = true;  // nothing was ever shipped: nothing to hide
       return Status::Ok();
     }
-    if (took.tail->header.epoch > tomb.epoch || took.tail->header.kind == LogKind::kTombstone) {
-      // A newer owner's objects follow the delete (it made the tenant
-      // again), or the tombstone landed before a crash: nothing to add.
+    FLEETFS_ASSIGN_OR_RETURN(const std::optional<LogHeader> data, NewestData(main, *serving));
+    if (!data || data->kind == LogKind::kTombstone || data->epoch > tomb.epoch) {
+      // No data to hide, the tombstone landed before a crash, or a newer
+      // owner's data follows the delete (it made the tenant again; markers,
+      // this host's own included, carry none): nothing to add.
       *done = true;
       return Status::Ok();
     }
@@ -689,6 +720,18 @@ Status Replicator::Impl::ShipTombstone(KeyLog& k, const Tombstone& tomb, bool* d
   spdlog::info("replica: {} deleted at epoch {}: tombstone at sequence {}", main.main_path,
                tomb.epoch, out.seq);
   return Status::Ok();
+}
+
+Result<std::optional<LogHeader>> Replicator::Impl::NewestData(const FleetFile& main,
+                                                               std::uint64_t epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs,
+                           ListLog(*o_.destination, LogDir(main)));
+  for (auto it = seqs.rbegin(); it != seqs.rend(); ++it) {
+    FLEETFS_ASSIGN_OR_RETURN(LogHeader h,
+                             ReadLogHeader(*o_.destination, LogDir(main), *it, Ceiling(epoch)));
+    if (h.kind != LogKind::kMarker) return std::optional<LogHeader>(std::move(h));
+  }
+  return std::optional<LogHeader>();
 }
 
 std::string Replicator::Impl::DeletedPath(const FleetFile& main) const {
@@ -796,6 +839,7 @@ Replicator::Impl::Took Replicator::Impl::TakeLog(KeyLog& k, const FleetFile& mai
 
 Status Replicator::Impl::WriteMarker(KeyLog& k, const FleetFile& main, std::uint64_t epoch,
                                      const std::function<void(const LogTail&)>& on_older) {
+  bool refreshed = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     FLEETFS_ASSIGN_OR_RETURN(const LogWriteOutcome out,
                              k.writer.WriteMarker(NowMs(), Ceiling(epoch)));
@@ -817,8 +861,17 @@ Status Replicator::Impl::WriteMarker(KeyLog& k, const FleetFile& main, std::uint
                      main.main_path, out.tail->header.epoch, out.seq, epoch);
         if (on_older) on_older(*out.tail);
         continue;
-      case LogWriteKind::kFenced:
       case LogWriteKind::kCorrupt:
+        if (!refreshed && RefreshCeiling()) {
+          // The epoch at our sequence may be one the store granted since the
+          // ceiling was read: the log is taken again to judge it.
+          refreshed = true;
+          Took again = TakeLog(k, main, epoch);
+          if (!again.ok) return Status(Code::kFailedPrecondition, again.problem.message());
+          continue;
+        }
+        [[fallthrough]];
+      case LogWriteKind::kFenced:
         Stopped(k, main, out, epoch);
         return Status(Code::kFailedPrecondition,
                       "the marker of " + main.main_path + " at epoch " + std::to_string(epoch) +
@@ -941,6 +994,7 @@ void Replicator::Impl::Prune(KeyLog& k, const FleetFile& main) {
 bool Replicator::Impl::Sync(Tenant& t) {
   KeyLog& k = t.log();
   std::lock_guard ship(k.mu);
+  if (k.stale_base.exchange(false)) k.base = false;
   const FleetFile& main = t.main();
   std::optional<std::uint64_t> serving;
   {
@@ -983,8 +1037,19 @@ bool Replicator::Impl::Sync(Tenant& t) {
       case ShipAction::kStop:
         // A log that cannot be trusted stays a failure every round (a
         // round without one would clear it): only a new epoch ends it.
-        if (!k.stop_problem.ok()) RecordFailure(k.stop_problem);
-        return false;
+        if (!k.stop_problem.ok()) {
+          RecordFailure(k.stop_problem);
+          return false;
+        }
+        // Fenced: another owner holds the key, and what is captured here
+        // can never ship (this file is replaced if the key comes back). A
+        // stop does not wait for it.
+        if (scan.has_captured || scan.unshipped) {
+          spdlog::warn("replica: {}: commits made here after epoch {} took the key are dropped",
+                       main.main_path, k.stopped_at);
+          t.capture().Reset();
+        }
+        return true;
       case ShipAction::kNothing:
       case ShipAction::kTombstone:  // a deleted tenant is no longer in tenants_
         step = 6;
@@ -1371,10 +1436,19 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
     }
     const std::uint64_t tail_epoch = took.tail ? took.tail->header.epoch : 0;
     if (deleted_at) {
-      if (tail_epoch <= *deleted_at) return 0;  // the delete stands; its tombstone ships
+      // Only data a newer owner wrote after the delete revives the tenant;
+      // markers carry none (this host's own takeover writes one).
+      auto data = NewestData(main, f.epoch);
+      if (!data.ok()) {
+        spdlog::error("replica: reading the log of {}: {}", main.main_path, data.status().message());
+        return EIO;
+      }
+      if (!*data || (*data)->kind == LogKind::kTombstone || (*data)->epoch <= *deleted_at) {
+        return 0;  // the delete stands; its tombstone ships
+      }
       spdlog::info("replica: {} was deleted here at epoch {}, and epoch {} wrote it since; the "
                    "delete is dropped",
-                   main.main_path, *deleted_at, tail_epoch);
+                   main.main_path, *deleted_at, (*data)->epoch);
       ForgetDelete(main, std::nullopt);
     }
     if (!took.tail) {
@@ -1405,9 +1479,7 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
                    "newer epoch; replacing it from the replica before exposing it at epoch {}",
                    main.main_path, stamp, f.epoch);
     }
-    int err = RestoreInPlace(main, f.epoch, replace);
-    if (err == 0 && replace) ++counters_.stale_replaced;
-    return err;
+    return RestoreInPlace(main, f.epoch, replace);
   }
   // Current: the stamp is raised, only while its epoch is served, and never
   // lowered (a flight of a newer epoch may have raised it meanwhile).
@@ -1502,6 +1574,19 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
     if (!StillServed(main, epoch)) return lapsed();
     if (!replace) {
       absent_.Remember(main.main_path, epoch);  // nothing to restore at this epoch
+    } else if (outcome->result == LogRestoreResult::kNoReplica) {
+      // The log holds no data (markers only, or nothing before a snapshot
+      // landed): the file here is all there is. It is kept, and stamped so
+      // that no later check at this epoch takes it for a stale copy.
+      spdlog::info("replica: the log of {} holds no data; the file here is kept", main.main_path);
+      UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+      if (file.valid() && ReadEpochStamp(file.get()).value_or(0) < epoch) {
+        if (!StillServed(main, epoch)) return lapsed();
+        if (Status st = WriteStamps(file.get(), epoch, main.key, main.main_path); !st.ok()) {
+          spdlog::error("replica: {}", st.message());
+          return EIO;
+        }
+      }
     } else if (outcome->result == LogRestoreResult::kDeleted) {
       ResetTenant(main);
       if (!StillServed(main, epoch)) return lapsed();
@@ -1516,7 +1601,9 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   // restore's flight to end, instead of being exposed at once.
   if (!WriteStamps(fd.get(), 0, main.key, main.main_path).ok() ||
       ::fchown(fd.get(), outcome->owner.uid, outcome->owner.gid) != 0 ||
-      ::fchmod(fd.get(), outcome->owner.mode != 0 ? outcome->owner.mode : 0644) != 0 ||
+      // The mode comes from an untrusted object: permission bits only, never
+      // set-id or sticky bits.
+      ::fchmod(fd.get(), (outcome->owner.mode & 0777) != 0 ? (outcome->owner.mode & 0777) : 0644) != 0 ||
       ::fsync(fd.get()) != 0) {
     spdlog::error("replica: preparing the restored {}: {}", main.main_path, std::strerror(errno));
     return EIO;
@@ -1570,6 +1657,7 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
                "in {} ms",
                main.main_path, outcome->as_of_seq.value_or(0), outcome->commits, outcome->bytes, ms);
   ++counters_.restores;
+  if (replace) ++counters_.stale_replaced;
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -48,8 +49,8 @@ class ProbeDestination final : public Destination {
     {
       std::unique_lock lock(mu_);
       ++lists_[std::string(dir)];
-      if (hold_list_ && *hold_list_ == dir) {
-        hold_list_.reset();  // the first listing only
+      if (hold_list_ && *hold_list_ == dir && hold_skip_-- <= 0) {
+        hold_list_.reset();  // one listing only
         list_held_ = true;
         cv_.notify_all();
         cv_.wait(lock, [&] { return !list_held_; });
@@ -115,10 +116,11 @@ class ProbeDestination final : public Destination {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, limit, [&] { return puts_held_ > 0; });
   }
-  // The next listing of `dir` waits until ReleaseList().
-  void HoldNextList(const std::string& dir) {
+  // The next listing of `dir` (after `skip` more) waits until ReleaseList().
+  void HoldNextList(const std::string& dir, int skip = 0) {
     std::lock_guard lock(mu_);
     hold_list_ = dir;
+    hold_skip_ = skip;
   }
   bool WaitListHeld(std::chrono::milliseconds limit) {
     std::unique_lock lock(mu_);
@@ -142,6 +144,7 @@ class ProbeDestination final : public Destination {
   bool hold_puts_ = false;
   int puts_held_ = 0;
   std::optional<std::string> hold_list_;
+  int hold_skip_ = 0;
   bool list_held_ = false;
   std::thread::id getter_;
 };
@@ -1061,8 +1064,10 @@ TEST_F(ReplicatorTest, an_old_owners_upload_after_a_new_owners_marker_is_refused
   auto b = OtherOwner(*inner_, k, kEpoch + 1);
   Insert(db, 3, 4);
   { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // the mount saw the write
-  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(300)))
-      << "a commit the destination refused was called shipped";
+  const auto segments = rep_->Stats().segments;
+  // The refused commit can never ship (the key is B's): a stop does not wait for it.
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().segments, segments) << "a commit the destination refused was counted";
   EXPECT_EQ(newer.load(), kEpoch + 1) << "the range was not dropped";
   EXPECT_EQ(rep_->Stats().newer_epochs, 1u);
   auto tail = Tail(*inner_, k);
@@ -1181,6 +1186,166 @@ TEST_F(ReplicatorTest, a_delete_survives_a_crash_before_its_tombstone_ships) {
   ASSERT_TRUE(tail.ok()) << tail.status().message();
   EXPECT_EQ(tail->kind, LogKind::kTombstone);
   EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "deleted"));
+}
+
+// ---- review of the log's wiring: each finding, a test ----
+
+std::vector<LogHeader> Headers(Destination& dest, const FleetFile& main) {
+  std::vector<LogHeader> out;
+  auto seqs = ListLog(dest, LogDir(main));
+  EXPECT_TRUE(seqs.ok());
+  if (!seqs.ok()) return out;
+  for (auto seq : *seqs) {
+    auto h = ReadLogHeader(dest, LogDir(main), seq, std::numeric_limits<std::uint64_t>::max());
+    EXPECT_TRUE(h.ok());
+    if (h.ok()) out.push_back(*h);
+  }
+  return out;
+}
+
+TEST_F(ReplicatorTest, a_stale_file_does_not_ship_under_the_marker_its_restore_wrote_before_the_download) {
+  Start(Options());
+  FleetFile k = Main("stale-under-marker");
+  PutGeneration(k, 5, std::string(8192, 'R'));  // another owner shipped at epoch 5
+  PutLocal(k, std::string(8192, 'S'), 3);         // this host's stale copy, written since
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 8192); }
+  // The takeover's listing passes; the restore's (after the marker) waits.
+  dest_->HoldNextList(LogDir(k), 1);
+  auto answer = std::make_shared<std::promise<int>>();
+  auto result = answer->get_future();
+  rep_->Prepare(k, kEpoch, [answer](int err) { answer->set_value(err); });
+  ASSERT_TRUE(dest_->WaitListHeld(seconds(20)));
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));  // one shipping round while the restore waits
+  EXPECT_EQ(rep_->Stats().snapshots, 0u) << "the stale file shipped under the new marker";
+  dest_->ReleaseList();
+  ASSERT_EQ(result.wait_for(seconds(20)), std::future_status::ready);
+  EXPECT_EQ(result.get(), 0);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  EXPECT_TRUE(Read(*restored) == std::string(8192, 'R')) << "the log's newest state is the stale copy";
+}
+
+TEST_F(ReplicatorTest, a_delete_stands_though_this_hosts_own_marker_follows_it) {
+  auto flaky = std::make_shared<FailingDestination>(inner_);
+  ReplicatorOptions o = Options();
+  o.destination = flaky;
+  FleetFile k = Main("delete-own-marker");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(o);
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  for (std::string suffix : {"", "-wal", "-shm"}) fs::remove(Backing(k) + suffix);
+  rep_->Deleted(k, kEpoch);
+  // Served at a new epoch before the tombstone ships: the marker lands, the
+  // tombstone's create fails.
+  served_ = kEpoch + 1;
+  flaky->FailNth(Request::kCreate, 2, Unavailable("the replica is down"));
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  EXPECT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
+  EXPECT_FALSE(fs::exists(Backing(k))) << "the deleted tenant came back";
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(Headers(*inner_, k).back().kind, LogKind::kTombstone);
+}
+
+TEST_F(ReplicatorTest, a_delete_record_left_beside_a_tenant_made_again_deletes_nothing) {
+  FleetFile k = Main("stale-delete-record");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(Options());
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  rep_->Stop();
+  rep_.reset();
+  // A record of an older delete, outliving it (the tenant was made again).
+  std::string name = k.main_path;
+  std::replace(name.begin(), name.end(), '/', '-');
+  std::ofstream(dir_ / "backing" / ".fleetfs" / "deleted" / name) << kEpoch << " 1\n";
+  Start(Options());
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_TRUE(fs::exists(Backing(k)));
+  EXPECT_NE(Headers(*inner_, k).back().kind, LogKind::kTombstone) << "a live tenant was deleted";
+}
+
+TEST_F(ReplicatorTest, a_file_kept_because_the_log_holds_only_markers_is_stamped_and_kept_later) {
+  Start(Options());
+  FleetFile k = Main("markers-only");
+  (void)OtherOwner(*inner_, k, 1);
+  (void)OtherOwner(*inner_, k, 2);
+  PutLocal(k, std::string(8192, 'S'), 1);
+  ASSERT_EQ(PrepareAndWait(k, kEpoch), 0);
+  {
+    UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+    EXPECT_EQ(ReadEpochStamp(fd.get()), kEpoch) << "exposed without the stamp of its epoch";
+  }
+  // A commit, shipped; another lookup at the epoch keeps the file.
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 8192); }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  ASSERT_EQ(PrepareAndWait(k, kEpoch), 0);
+  EXPECT_TRUE(Read(Backing(k)) == std::string(8192, 'S'));
+  EXPECT_EQ(rep_->Stats().stale_replaced, 0u);
+}
+
+TEST_F(ReplicatorTest, a_tenant_deleted_and_made_again_starts_from_a_snapshot) {
+  FleetFile k = Main("remade-base");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(Options());
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  const std::size_t before = Headers(*inner_, k).size();
+  for (std::string suffix : {"", "-wal", "-shm"}) fs::remove(Backing(k) + suffix);
+  rep_->Deleted(k, kEpoch);
+  // Made again within the interval (the tombstone never ships), and written.
+  Db db(Backing(k));
+  auto watch = WalTenant(*rep_, db, k);
+  {
+    UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(WriteStamps(fd.get(), kEpoch, k.key, k.main_path).ok());
+  }
+  Insert(db, 100, 103);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto headers = Headers(*inner_, k);
+  ASSERT_GT(headers.size(), before);
+  // (The tombstone may have shipped before the file was made again.)
+  std::size_t first = before;
+  while (first < headers.size() && headers[first].kind != LogKind::kSnapshot &&
+         headers[first].kind != LogKind::kSegment) {
+    ++first;
+  }
+  ASSERT_LT(first, headers.size());
+  EXPECT_EQ(headers[first].kind, LogKind::kSnapshot)
+      << "the new file's commits were chained onto the old tenant's snapshot";
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Ids(), (std::set<int>{100, 101, 102}));
+}
+
+TEST_F(ReplicatorTest, writes_through_a_handle_that_outlived_the_delete_mark_nothing_unshipped) {
+  Start(Options());
+  FleetFile k = Main("outlived-delete");
+  PutLocal(k, std::string(4096, 'P'), kEpoch);
+  auto watch = rep_->Watch(k, kEpoch);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  fs::remove(Backing(k));
+  rep_->Deleted(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // the last connection's checkpoint
+  EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "unshipped"));
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
 }
 
 }  // namespace

@@ -262,6 +262,7 @@ void Capture::MarkUnshipped() {
 
 void Capture::Drop() {
   std::lock_guard lock(mu_);
+  dropped_ = true;
   captured_.clear();
   captured_bytes_ = 0;
   PublishLocked();
@@ -359,6 +360,9 @@ void Capture::SnapshotHold::CaptureFailed() {
 // ---- inside ----
 
 void Capture::NoteWriteLocked() {
+  // A handle that outlived the delete (a connection's last checkpoint) writes
+  // a file no longer there to ship: no marker, or every later run would try.
+  if (dropped_) return;
   ++writes_seen_;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   if (!marker_present_) {

@@ -187,6 +187,7 @@ class Capture final : public TenantWatch {
   std::uint64_t gaps_ = 0;  // gaps marked so far
   bool unshippable_ = false;
   bool marker_present_ = false;
+  bool dropped_ = false;  // deleted: its writes are no longer the tenant's
   std::uint64_t writes_seen_ = 0;
   std::uint64_t writes_last_scan_ = 0;
 

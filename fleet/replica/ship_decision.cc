@@ -36,12 +36,13 @@ ShipDecision Decide(const ShipInputs& in) {
   if (in.log_epoch && *in.log_epoch > epoch) {
     return {ShipAction::kNothing, "the log was taken at a newer epoch than the one served"};
   }
+  // Item 1: nothing ships under an epoch before the file was checked against
+  // the log under it, even once the marker is written (a restore writes it
+  // before its download, and the stale file it replaces is still there).
+  if (in.checked_epoch != epoch) {
+    return {ShipAction::kCheck, "the file is not yet checked against the log at this epoch"};
+  }
   if (in.log_epoch != epoch) {
-    // Item 1: nothing ships under a new epoch before the file was checked
-    // against the log under it, and the marker fences the old owner.
-    if (in.checked_epoch != epoch) {
-      return {ShipAction::kCheck, "the file is not yet checked against the log at this epoch"};
-    }
     return {ShipAction::kMarker, "the file was checked at this epoch; the log is not yet taken"};
   }
   if (in.deleted) return {ShipAction::kTombstone, "the file was deleted"};

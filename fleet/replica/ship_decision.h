@@ -9,9 +9,8 @@
 //     with appendable commits                       → segment (at the log's epoch)
 //   not served                                      → nothing
 //   the log taken at a newer epoch than served      → nothing (the view lags)
-//   served at an epoch the log was not taken at:
-//     the file not yet checked at that epoch        → check
-//     checked                                       → marker
+//   the file not yet checked at the served epoch    → check
+//   the log not yet taken at the served epoch       → marker
 //   deleted through the mount                       → tombstone
 //   unshippable (journal_mode OFF or MEMORY)        → segment if appendable
 //                                                     (from before the switch),

@@ -197,6 +197,17 @@ TEST(Decide, commits_from_before_a_switch_to_journal_mode_off_still_ship) {
   EXPECT_EQ(Act(in), ShipAction::kSegment);
 }
 
+TEST(Decide, a_file_not_yet_checked_ships_nothing_though_the_marker_is_written) {
+  // A restore writes its marker before the download: the stale file it
+  // replaces must not ship under that marker meanwhile.
+  ShipInputs in = Steady();
+  in.serving_epoch = in.log_epoch = 3;
+  in.checked_epoch = 2;
+  in.gap = in.commits_waiting = true;
+  in.matches_tail = false;
+  EXPECT_EQ(Act(in), ShipAction::kCheck);
+}
+
 TEST(Decide, every_decision_says_why) {
   ShipInputs in = Steady();
   EXPECT_FALSE(Decide(in).why.empty());

@@ -120,6 +120,7 @@ struct Counters {
   std::atomic<std::uint64_t> capture_failures{0};
   std::atomic<std::uint64_t> absent_listed{0};
   std::atomic<std::uint64_t> prepares_refused{0};
+  std::atomic<std::uint64_t> continued{0};
 };
 
 }  // namespace
@@ -187,6 +188,16 @@ class Replicator::Impl {
   std::string DeletedPath(const FleetFile& main) const;
   // The newest object of `main`'s log that carries data (not a marker).
   Result<std::optional<LogHeader>> NewestData(const FleetFile& main, std::uint64_t epoch);
+  // When the log's tail is markers after a snapshot or segment: that
+  // object's sequence and checksum (the first marker after it holds the
+  // checksum). Else nullopt.
+  Result<std::optional<ShippedStamp>> DataBeforeMarkers(const FleetFile& main, std::uint64_t epoch);
+  // True when the file's shipped stamp is the log's newest data and nothing
+  // unshipped was written to it since (item 12: no snapshot needed).
+  bool IsShippedState(const FleetFile& main, std::uint64_t epoch);
+  // Item 12: a tenant whose file is the log's newest data continues the log
+  // with segments after this epoch's marker, with no snapshot. Under k.mu.
+  void MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::uint64_t> serving);
   // The tombstone of `main` (of the delete at `when`, or any) is no longer
   // to be shipped: landed, superseded, or the tenant made again.
   void ForgetDelete(const FleetFile& main, std::optional<WallMs> when);
@@ -308,6 +319,10 @@ struct KeyLog {
   // delete, or a new Tenant (a new capture) for the key. The next round
   // under mu starts from a snapshot.
   std::atomic<bool> stale_base{false};
+  // The newest data object this host appended (its sequence and checksum):
+  // what the file's shipped stamp records once nothing is left to ship.
+  std::optional<ShippedStamp> last_data;
+  std::optional<ShippedStamp> stamped;  // what the file's shipped stamp was last set to
   WallMs last_snapshot_ms = 0;
   std::uint64_t commits_since_snapshot = 0;
   // A newer epoch took the log (or it could not be trusted) while written at
@@ -339,7 +354,14 @@ class Tenant final {
       : capture_(std::make_shared<Capture>(
             CaptureOptions{r.root(), r.wall(), [&r] { r.CountCaptureFailure(); }},
             std::move(main))),
-        log_(std::move(log)) {}
+        log_(std::move(log)),
+        // No unshipped marker when the capture began: everything written to
+        // the file before had shipped, so the file is its shipped stamp's state.
+        clean_at_start_(::faccessat(r.root(),
+                                    (std::string(kUnshippedMarkerDir) + "/" +
+                                     MarkerName(capture_->main()))
+                                        .c_str(),
+                                    F_OK, AT_SYMLINK_NOFOLLOW) != 0) {}
 
   const FleetFile& main() const { return capture_->main(); }
   Capture& capture() { return *capture_; }
@@ -348,6 +370,8 @@ class Tenant final {
   // The tenant's TenantWatch (the mount's hooks) and its capture state.
   const std::shared_ptr<Capture> capture_;
   const std::shared_ptr<KeyLog> log_;
+  const bool clean_at_start_;
+  bool continue_tried_ = false;  // under the log's mu: MaybeContinue ran to a verdict
 
   std::mutex mu_;  // guards the two below; taken alone or after the log's mu
   std::uint64_t epoch_ = 0;
@@ -734,6 +758,65 @@ Result<std::optional<LogHeader>> Replicator::Impl::NewestData(const FleetFile& m
   return std::optional<LogHeader>();
 }
 
+Result<std::optional<ShippedStamp>> Replicator::Impl::DataBeforeMarkers(const FleetFile& main,
+                                                                        std::uint64_t epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs,
+                           ListLog(*o_.destination, LogDir(main)));
+  if (seqs.empty()) return std::optional<ShippedStamp>();
+  std::uint64_t seq = seqs.back();
+  FLEETFS_ASSIGN_OR_RETURN(LogHeader h, ReadLogHeader(*o_.destination, LogDir(main), seq, Ceiling(epoch)));
+  if (h.kind != LogKind::kMarker) return std::optional<ShippedStamp>();
+  while (seq > 0) {
+    const std::uint64_t sum = h.prev;
+    --seq;
+    FLEETFS_ASSIGN_OR_RETURN(h, ReadLogHeader(*o_.destination, LogDir(main), seq, Ceiling(epoch)));
+    if (h.kind == LogKind::kMarker) continue;
+    if (h.kind == LogKind::kTombstone) break;
+    return std::optional<ShippedStamp>(ShippedStamp{seq, sum});
+  }
+  return std::optional<ShippedStamp>();
+}
+
+bool Replicator::Impl::IsShippedState(const FleetFile& main, std::uint64_t epoch) {
+  // The unshipped marker is made before any write reaches the file and
+  // removed only once everything written shipped.
+  const std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main);
+  if (::faccessat(root_.get(), marker.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0) return false;
+  UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!file.valid()) return false;
+  const std::optional<ShippedStamp> stamp = ReadShippedStamp(file.get());
+  if (!stamp) return false;
+  auto data = DataBeforeMarkers(main, epoch);
+  return data.ok() && *data && **data == *stamp;
+}
+
+void Replicator::Impl::MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::uint64_t> serving) {
+  if (k.base || t.continue_tried_ || !t.clean_at_start_ || !serving) return;
+  // After this epoch's marker, and once the file was checked at it (a check
+  // may yet replace the file).
+  if (!k.writer.shipping() || k.writer.position().epoch != *serving) return;
+  if (!CheckedAt(t.main(), *serving)) return;
+  t.continue_tried_ = true;
+  UniqueFd file(::openat(root_.get(), t.main().main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  const std::optional<ShippedStamp> stamp =
+      file.valid() ? ReadShippedStamp(file.get()) : std::nullopt;
+  if (!stamp) return;
+  auto data = DataBeforeMarkers(t.main(), *serving);
+  if (!data.ok() || !*data || !(**data == *stamp)) return;
+  k.base = true;
+  k.last_data = *stamp;
+  k.stamped = *stamp;
+  // The snapshot interval counts from here: the base's own time is unknown,
+  // and an immediate "due" snapshot would undo what continuing saves.
+  k.last_snapshot_ms = NowMs();
+  k.commits_since_snapshot = 0;
+  t.capture().ClearGap(0);  // unless a capture failed since it began
+  ++counters_.continued;
+  spdlog::info("replica: {} continues its log after sequence {} (the file is that state): no "
+               "snapshot",
+               t.main().main_path, stamp->seq);
+}
+
 std::string Replicator::Impl::DeletedPath(const FleetFile& main) const {
   return std::string(kDeletedDir) + "/" + MarkerName(main);
 }
@@ -914,6 +997,7 @@ Status Replicator::Impl::AppendPendingSegment(KeyLog& k, const FleetFile& main, 
   std::vector<Txn> txns = std::move(k.pending_txns);
   k.pending_segment.reset();
   k.pending_txns.clear();
+  k.last_data = ShippedStamp{out.seq, k.writer.position().prev};
   k.commits_since_snapshot += txns.size();
   if (capture) capture->Shipped();
   const WallMs now = NowMs();
@@ -940,6 +1024,7 @@ Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main,
   ::fstat(k.pending_snapshot.get(), &st);
   k.pending_snapshot.Reset();
   k.base = true;
+  k.last_data = ShippedStamp{out.seq, k.writer.position().prev};
   k.last_snapshot_ms = NowMs();
   k.commits_since_snapshot = 0;
   if (capture) capture->ClearGap(k.pending_gap_mark);
@@ -994,7 +1079,11 @@ void Replicator::Impl::Prune(KeyLog& k, const FleetFile& main) {
 bool Replicator::Impl::Sync(Tenant& t) {
   KeyLog& k = t.log();
   std::lock_guard ship(k.mu);
-  if (k.stale_base.exchange(false)) k.base = false;
+  if (k.stale_base.exchange(false)) {
+    k.base = false;
+    k.last_data.reset();
+    k.stamped.reset();
+  }
   const FleetFile& main = t.main();
   std::optional<std::uint64_t> serving;
   {
@@ -1010,6 +1099,7 @@ bool Replicator::Impl::Sync(Tenant& t) {
   // check, marker, snapshot, then what was captured meanwhile.
   for (int step = 0; step < 6; ++step) {
     if (step > 0) scan = t.capture().Scan();
+    MaybeContinue(k, t, serving);
     const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
     const bool snapshot_due = k.base && k.commits_since_snapshot > 0 &&
                               NowMs() - k.last_snapshot_ms >= o_.snapshot_interval.count();
@@ -1090,11 +1180,26 @@ bool Replicator::Impl::Sync(Tenant& t) {
   if (scan.unshippable) return false;  // what came after the switch waits
   const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
   if (pending) return false;
-  if (shipped) return t.capture().SettleShipped(first);
-  if (scan.has_captured) return false;
-  // Nothing left to ship: the unshipped marker goes once the capture holds
-  // nothing either (SettleIdle keeps it while a gap waits for a snapshot).
-  return t.capture().SettleIdle(first);
+  bool settled;
+  if (shipped) {
+    settled = t.capture().SettleShipped(first);
+  } else if (scan.has_captured) {
+    return false;
+  } else {
+    // Nothing left to ship: the unshipped marker goes once the capture
+    // holds nothing either (SettleIdle keeps it while a gap waits for a
+    // snapshot).
+    settled = t.capture().SettleIdle(first);
+  }
+  if (settled && k.last_data && k.last_data != k.stamped && !t.capture().unshipped()) {
+    // The file's state is the log's at last_data: stamped once (a written
+    // file gets its unshipped marker first, and the stamp is not used).
+    UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (file.valid() && WriteShippedStamp(file.get(), *k.last_data, main.main_path).ok()) {
+      k.stamped = k.last_data;
+    }
+  }
+  return settled;
 }
 
 // A snapshot is staged on the backing volume before its upload. Were it
@@ -1462,6 +1567,14 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
       // A newer epoch than the file's stamp wrote the key: another owner's
       // (or a stale copy that appeared). Replaced from the log.
       restore = !exists || unfinished || tail_epoch > stamp;
+      if (restore && exists && !unfinished && took.tail->header.kind == LogKind::kMarker &&
+          IsShippedState(main, f.epoch)) {
+        // Only takeovers followed this host's last shipment (nobody wrote
+        // since): the file is the log's newest state, kept, not downloaded.
+        spdlog::info("replica: {} is the log's newest data; kept at epoch {}", main.main_path,
+                     f.epoch);
+        restore = false;
+      }
       replace = exists && restore;
       Status marked = WriteMarker(*k, main, f.epoch, [&](const LogTail& older) {
         if (exists && older.header.epoch > stamp) restore = replace = true;
@@ -1667,6 +1780,8 @@ void Replicator::Impl::ResetTenant(const FleetFile& main) {
   std::lock_guard ship(t->log().mu);
   t->capture().Reset();
   t->log().base = false;
+  t->log().last_data.reset();
+  t->log().stamped.reset();
 }
 
 void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
@@ -1762,6 +1877,7 @@ ReplicationStats Replicator::Impl::Stats() const {
   s.capture_failures = counters_.capture_failures.load();
   s.absent_listed = counters_.absent_listed.load();
   s.prepares_refused = counters_.prepares_refused.load();
+  s.continued = counters_.continued.load();
   std::vector<double> lags;
   {
     std::lock_guard lock(stats_mu_);

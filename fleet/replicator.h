@@ -117,6 +117,9 @@ struct ReplicationStats {
   std::uint64_t capture_failures = 0;  // captures that could not read; each forces a snapshot
   std::uint64_t absent_listed = 0;     // lookups of keys missing here that listed the replica
   std::uint64_t prepares_refused = 0;  // lookups answered EAGAIN: too many flights at once
+  // Restarts whose file was the log's newest data: segments continued the
+  // log with no snapshot (issue 10 item 12).
+  std::uint64_t continued = 0;
   std::size_t tenants = 0;
   std::size_t unshipped_tenants = 0;
   // Tenants written with journal_mode OFF or MEMORY (no journal on disk, not

@@ -731,6 +731,17 @@ class Db {
         << sql << ": " << (err ? err : "");
     sqlite3_free(err);
   }
+  std::string Text(const std::string& sql) {
+    sqlite3_stmt* st = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr), SQLITE_OK);
+    std::string out;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+      const unsigned char* text = sqlite3_column_text(st, 0);
+      if (text) out = reinterpret_cast<const char*>(text);
+    }
+    sqlite3_finalize(st);
+    return out;
+  }
   int Count(const std::string& sql) {
     sqlite3_stmt* st = nullptr;
     EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr), SQLITE_OK);
@@ -1241,14 +1252,16 @@ TEST_F(ReplicatorTest, a_delete_stands_though_this_hosts_own_marker_follows_it) 
     ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   }
   for (std::string suffix : {"", "-wal", "-shm"}) fs::remove(Backing(k) + suffix);
-  rep_->Deleted(k, kEpoch);
   // Served at a new epoch before the tombstone ships: the marker lands, the
-  // tombstone's create fails.
+  // tombstone's create fails (and every create after it, until healed).
   served_ = kEpoch + 1;
-  flaky->FailNth(Request::kCreate, 2, Unavailable("the replica is down"));
+  flaky->Inject(Fault{.kind = Request::kCreate, .status = Unavailable("the replica is down"),
+                      .skip = 1});
+  rep_->Deleted(k, kEpoch);
   EXPECT_FALSE(rep_->Flush(mono_.Now()));
   EXPECT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
   EXPECT_FALSE(fs::exists(Backing(k))) << "the deleted tenant came back";
+  flaky->Heal();
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   EXPECT_EQ(Headers(*inner_, k).back().kind, LogKind::kTombstone);
 }
@@ -1346,6 +1359,98 @@ TEST_F(ReplicatorTest, writes_through_a_handle_that_outlived_the_delete_mark_not
   { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // the last connection's checkpoint
   EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "unshipped"));
   EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+}
+
+// ---- item 12: a restart continues the log where the file is its state ----
+
+TEST_F(ReplicatorTest, a_restart_whose_file_is_the_logs_newest_data_continues_with_segments) {
+  FleetFile k = Main("continues");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(Options());
+  {
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+    Insert(db, 3, 5);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  ASSERT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "unshipped"));
+  rep_->Stop();
+  rep_.reset();
+  // The agent comes back at a new epoch; nothing was written meanwhile.
+  served_ = kEpoch + 1;
+  Start(Options());
+  ASSERT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
+  auto watch = rep_->Watch(k, kEpoch + 1);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  Insert(db, 5, 8);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 0u) << "a restart re-shipped a file the log already holds";
+  EXPECT_EQ(rep_->Stats().continued, 1u);
+  EXPECT_GE(rep_->Stats().segments, 1u);
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 8);
+  EXPECT_EQ(copy.Text("PRAGMA integrity_check"), "ok");
+}
+
+TEST_F(ReplicatorTest, a_restart_with_unshipped_writes_starts_from_a_snapshot) {
+  FleetFile k = Main("restart-unshipped");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(Options());
+  {
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+    // Written, and the agent dies before the round: its marker stays.
+    { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+    Insert(db, 3, 5);
+  }
+  rep_.reset();
+  ASSERT_FALSE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "unshipped"));
+  served_ = kEpoch + 1;
+  Start(Options());
+  ASSERT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
+  auto watch = rep_->Watch(k, kEpoch + 1);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 1u);
+  EXPECT_EQ(rep_->Stats().continued, 0u);
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 5);
+}
+
+TEST_F(ReplicatorTest, a_failback_after_an_owner_that_wrote_nothing_keeps_the_file_without_a_download) {
+  FleetFile k = Main("failback");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(Options());
+  {
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  rep_->Stop();
+  rep_.reset();
+  (void)OtherOwner(*inner_, k, kEpoch + 1);  // B took the key, restored, wrote nothing
+  served_ = kEpoch + 2;
+  Start(Options());
+  ASSERT_EQ(PrepareAndWait(k, kEpoch + 2), 0);
+  EXPECT_EQ(rep_->Stats().restores, 0u);
+  EXPECT_EQ(rep_->Stats().stale_replaced, 0u);
+  auto watch = rep_->Watch(k, kEpoch + 2);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  Insert(db, 3, 4);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 0u);
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 4);
 }
 
 }  // namespace

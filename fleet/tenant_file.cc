@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 
 #include "fleet/layout.h"
 
@@ -53,6 +54,31 @@ Status WriteStamps(int fd, std::uint64_t epoch, std::string_view key, std::strin
   if (::setxattr(path.c_str(), kEpochStampXattr.data(), e.data(), e.size(), 0) != 0 ||
       ::setxattr(path.c_str(), kKeyStampXattr.data(), key.data(), key.size(), 0) != 0) {
     return ErrnoStatus(std::string("stamping ") + std::string(what) + " with its epoch and key",
+                       errno);
+  }
+  return Status::Ok();
+}
+
+std::optional<ShippedStamp> ReadShippedStamp(int fd) {
+  char buf[64];
+  ssize_t n = ::getxattr(ProcPath(fd).c_str(), kShippedStampXattr.data(), buf, sizeof buf);
+  if (n <= 0 || n >= static_cast<ssize_t>(sizeof buf)) return std::nullopt;
+  const char* end = buf + n;
+  ShippedStamp s;
+  auto [mid, ec] = std::from_chars(buf, end, s.seq);
+  if (ec != std::errc() || mid == end || *mid != ' ') return std::nullopt;
+  auto [last, ec2] = std::from_chars(mid + 1, end, s.checksum, 16);
+  if (ec2 != std::errc() || last != end) return std::nullopt;
+  return s;
+}
+
+Status WriteShippedStamp(int fd, const ShippedStamp& stamp, std::string_view what) {
+  char buf[64];
+  const int n = std::snprintf(buf, sizeof buf, "%llu %llx", static_cast<unsigned long long>(stamp.seq),
+                              static_cast<unsigned long long>(stamp.checksum));
+  if (::setxattr(ProcPath(fd).c_str(), kShippedStampXattr.data(), buf, static_cast<std::size_t>(n),
+                 0) != 0) {
+    return ErrnoStatus(std::string("stamping ") + std::string(what) + " with its shipped state",
                        errno);
   }
   return Status::Ok();

@@ -21,6 +21,22 @@ namespace fleetfs {
 inline constexpr std::string_view kEpochStampXattr = "user.fleetfs.epoch";
 inline constexpr std::string_view kKeyStampXattr = "user.fleetfs.key";
 
+// The object of the key's replica log whose state the file was in when its
+// last commits shipped: its sequence and chain checksum. Written after a
+// shipment; true of the file only while nothing unshipped was written since
+// (the unshipped marker, kUnshippedMarkerDir, says so). A restart whose file
+// carries the log's newest data object continues the log with segments
+// instead of a snapshot. (Not reachable through the mount: it answers no
+// extended attribute calls.)
+inline constexpr std::string_view kShippedStampXattr = "user.fleetfs.shipped";
+struct ShippedStamp {
+  std::uint64_t seq = 0;
+  std::uint64_t checksum = 0;
+  bool operator==(const ShippedStamp&) const = default;
+};
+std::optional<ShippedStamp> ReadShippedStamp(int fd);
+Status WriteShippedStamp(int fd, const ShippedStamp& stamp, std::string_view what);
+
 // The sidecars that belong to a main file and go when it goes (super-journals
 // are named by SQLite with a random suffix and removed by SQLite itself).
 inline constexpr std::array<std::string_view, 3> kSidecarSuffixes = {"-wal", "-shm", "-journal"};

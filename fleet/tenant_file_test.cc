@@ -72,5 +72,19 @@ TEST_F(TenantFileTest, an_epoch_stamp_that_is_not_a_number_reads_as_none) {
   EXPECT_EQ(ReadEpochStamp(fd.get()), std::nullopt);
 }
 
+TEST_F(TenantFileTest, a_shipped_stamp_round_trips_and_a_malformed_one_reads_as_none) {
+  std::string path = dir_ + "/t.db";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT, 0600));
+  UniqueFd path_fd(::open(path.c_str(), O_PATH));
+  EXPECT_EQ(ReadShippedStamp(path_fd.get()), std::nullopt);
+  const ShippedStamp s{17, 0xfedcba9876543210ull};
+  ASSERT_TRUE(WriteShippedStamp(path_fd.get(), s, "t.db").ok());
+  EXPECT_EQ(ReadShippedStamp(path_fd.get()), s);
+  for (std::string_view bad : {"17", "17 ", "x 1", "17 1g", " 17 1", "17  1"}) {
+    ASSERT_EQ(::fsetxattr(fd.get(), kShippedStampXattr.data(), bad.data(), bad.size(), 0), 0);
+    EXPECT_EQ(ReadShippedStamp(fd.get()), std::nullopt) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace fleetfs

@@ -311,11 +311,17 @@ std::vector<std::uint64_t> PlanRetention(const std::vector<LogHeader>& headers, 
 Result<int> PruneLog(Destination& dest, std::string_view dir, WallMs cutoff_ms,
                      std::uint64_t max_epoch) {
   FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs, ListLog(dest, dir));
+  // Headers are read oldest first, and only until one is past the cutoff:
+  // no later snapshot can then be at or before it (commit times grow along
+  // the log), so the reads are about as many as the objects removed, not
+  // the whole log every time. Stopping early only keeps more (the plan
+  // never removes the last header it is given).
   std::vector<LogHeader> headers;
-  headers.reserve(seqs.size());
   for (std::uint64_t seq : seqs) {
     FLEETFS_ASSIGN_OR_RETURN(LogHeader h, ReadLogHeader(dest, dir, seq, max_epoch));
+    const bool past = h.kind != LogKind::kMarker && h.first_ms > cutoff_ms;
     headers.push_back(std::move(h));
+    if (past) break;
   }
   int removed = 0;
   for (std::uint64_t seq : PlanRetention(headers, cutoff_ms)) {

@@ -391,6 +391,26 @@ TEST(PruneLog, commits_at_the_cutoff_and_just_after_it_stay_restorable) {
   EXPECT_EQ(Restore(dest, 199).outcome.status().code(), Code::kFailedPrecondition);
 }
 
+TEST(PruneLog, reads_headers_only_up_to_the_first_object_past_the_cutoff) {
+  MemoryDestination dest;
+  LogBuilder log(dest);
+  log.Take(1, 50);  // 0
+  log.Recreate(std::string(kPage, 'a'));
+  log.Snapshot(100);                                           // 1
+  for (int i = 0; i < 40; ++i) log.Segment({{101 + i, 'b'}});  // 2..41
+  log.Snapshot(200);                                           // 42
+  log.Segment({{300, 'c'}});                                   // 43: past the cutoff
+  for (int i = 0; i < 40; ++i) log.Segment({{301 + i, 'd'}});  // 44..83
+  const std::uint64_t heads_before = dest.counts().heads;
+  auto removed = PruneLog(dest, kDir, 250, 5);
+  ASSERT_TRUE(removed.ok()) << removed.status().message();
+  EXPECT_EQ(*removed, 42);
+  EXPECT_LE(dest.counts().heads - heads_before, 44u) << "retention read the whole log's headers";
+  auto newest = Restore(dest, std::nullopt);
+  ASSERT_TRUE(newest.outcome.ok());
+  EXPECT_EQ(newest.file, log.db());
+}
+
 TEST(PruneLog, a_commit_at_the_cutoff_after_an_older_snapshot_keeps_that_snapshot) {
   MemoryDestination dest;
   LogBuilder log(dest);

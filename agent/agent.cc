@@ -22,6 +22,7 @@
 #include "agent/stale_mount.h"
 #include "agent/volume_lock.h"
 #include "fleet/clock.h"
+#include "fleet/counting_destination.h"
 #include "fleet/replica_destination.h"
 #include "fleet/replicator.h"
 #include "lease/host_ownership.h"
@@ -126,6 +127,9 @@ class Agent {
 
   std::unique_ptr<lease::Refresher> refresher_;
   std::unique_ptr<replica::Replicator> replicator_;  // null when replication is off
+  // The destination the replicator ships through, counting its requests for
+  // the reports; set before any thread reads it, null when replication is off.
+  std::shared_ptr<replica::CountingDestination> destination_;
   std::unique_ptr<vfs::FleetFs> fs_;
   std::atomic<vfs::FleetFs*> fs_for_readers_{nullptr};  // set once mounted; read by any thread
   std::unique_ptr<AdminServer> admin_;
@@ -490,6 +494,7 @@ AgentSnapshot Agent::Snapshot() const {
   if (replicator_) {
     s.replica = config_.replica;
     s.replication = replicator_->Stats();
+    s.replica_requests = destination_->counts();
     for (RangeSnapshot& r : s.ranges) {
       r.replication_lag_s = replicator_->LagSeconds(r.status.range.first(), r.status.range.last());
     }
@@ -528,10 +533,11 @@ int Agent::Run(std::ostream& err) {
   if (!config_.replica.empty()) {
     auto dest = replica::OpenDestination(config_.replica);
     if (!dest.ok()) return fail(dest.status().WithContext("replica"));
+    destination_ = std::make_shared<replica::CountingDestination>(std::move(*dest));
     replica::ReplicatorOptions ro;
     ro.backing = config_.backing;
     ro.mode = config_.mode;
-    ro.destination = *dest;
+    ro.destination = destination_;
     ro.wall = &wall_;
     ro.mono = &mono_;
     ro.sync_interval = config_.sync_interval;

@@ -538,7 +538,8 @@ ADMIN ENDPOINT
             (a store call failed, a lease lapsed, the backing volume is full or
             failed, the replica takes no uploads)
   /status   the status document (JSON)
-  /metrics  Prometheus text
+  /metrics  Prometheus text; fleetfs_replica_requests_total{kind} counts the
+            requests to the replica destination (list, put, create, get, ...)
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet

@@ -185,6 +185,13 @@ Json StatusJson(const AgentSnapshot& s) {
     rep["lag_p99_s"] = r.lag_p99_s;
     rep["failing"] = r.failing;
     rep["staging_blocked"] = r.staging_blocked;
+    Json requests = Json::object();
+    for (std::size_t k = 0; k < replica::kRequestKinds; ++k) {
+      const auto kind = static_cast<replica::Request>(k);
+      requests[std::string(replica::RequestName(kind))] = s.replica_requests.of(kind);
+    }
+    rep["requests"] = std::move(requests);
+    rep["request_failures"] = s.replica_requests.failures;
     doc["replication"] = std::move(rep);
   } else {
     doc["replication"] = "off: no --replica is configured; commits are not shipped";
@@ -375,6 +382,19 @@ std::string MetricsText(const AgentSnapshot& s) {
       help(c.metric, "counter", c.help);
       out << c.metric << ' ' << r.*c.value << '\n';
     }
+    // Each request is one to S3 (what it bills): a steady tenant should cost
+    // one create per sync interval with something to ship, and no list.
+    help("fleetfs_replica_requests_total", "counter",
+         "Requests to the replica destination by kind, counted when made, failed or not "
+         "(put and create include their from-file forms; list includes listings from a name).");
+    for (std::size_t k = 0; k < replica::kRequestKinds; ++k) {
+      const auto kind = static_cast<replica::Request>(k);
+      out << "fleetfs_replica_requests_total{kind=\"" << replica::RequestName(kind) << "\"} "
+          << s.replica_requests.of(kind) << '\n';
+    }
+    help("fleetfs_replica_request_failures_total", "counter",
+         "Requests to the replica destination that returned an error, of any kind.");
+    out << "fleetfs_replica_request_failures_total " << s.replica_requests.failures << '\n';
     help("fleetfs_replication_lag_seconds", "gauge",
          "Commit-to-shipped time over the last shipped commits.");
     out << "fleetfs_replication_lag_seconds{quantile=\"0.5\"} " << r.lag_p50_s << '\n';

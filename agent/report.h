@@ -15,6 +15,7 @@
 
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
+#include "fleet/counting_destination.h"
 #include "fleet/replicator.h"
 #include "lease/host_ownership.h"
 #include "vfs/vfs_stats.h"
@@ -54,6 +55,7 @@ struct AgentSnapshot {
   std::optional<VfsSnapshot> vfs;  // nullopt before the mount
   std::string replica;             // destination URL; empty when replication is off
   std::optional<replica::ReplicationStats> replication;
+  replica::RequestCounts replica_requests;  // to the destination, since start; with replication
   BackingReport backing_volume;    // whether the backing volume takes writes
   std::string failure;             // why the agent stood down (phase "failed"); else empty
 };

@@ -185,6 +185,45 @@ TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
   }
 }
 
+TEST(Report, requests_to_the_destination_are_counted_by_kind_in_status_and_metrics) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replica = "file:///r";
+  s.replication = replica::ReplicationStats{};
+  s.replica_requests.creates = 3600;
+  s.replica_requests.lists = 2;
+  s.replica_requests.heads = 1;
+  s.replica_requests.clean_temps = 1;
+  s.replica_requests.failures = 4;
+  nlohmann::json rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["requests"]["create"], 3600);
+  EXPECT_EQ(rep["requests"]["list"], 2);
+  EXPECT_EQ(rep["requests"]["head"], 1);
+  EXPECT_EQ(rep["requests"]["clean_temps"], 1);
+  EXPECT_EQ(rep["requests"]["put"], 0);  // every kind is named, even at zero
+  EXPECT_EQ(rep["requests"].size(), replica::kRequestKinds);
+  EXPECT_EQ(rep["request_failures"], 4);
+  std::string metrics = MetricsText(s);
+  for (const char* line : {"# TYPE fleetfs_replica_requests_total counter\n",
+                           "fleetfs_replica_requests_total{kind=\"create\"} 3600\n",
+                           "fleetfs_replica_requests_total{kind=\"list\"} 2\n",
+                           "fleetfs_replica_requests_total{kind=\"put\"} 0\n",
+                           "fleetfs_replica_requests_total{kind=\"get\"} 0\n",
+                           "fleetfs_replica_requests_total{kind=\"head\"} 1\n",
+                           "fleetfs_replica_requests_total{kind=\"size\"} 0\n",
+                           "fleetfs_replica_requests_total{kind=\"remove\"} 0\n",
+                           "fleetfs_replica_requests_total{kind=\"probe\"} 0\n",
+                           "fleetfs_replica_requests_total{kind=\"clean_temps\"} 1\n",
+                           "fleetfs_replica_request_failures_total 4\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line;
+  }
+}
+
+TEST(Report, without_a_replica_no_request_counts_are_reported) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  EXPECT_TRUE(StatusJson(s)["replication"].is_string());
+  EXPECT_EQ(MetricsText(s).find("fleetfs_replica_requests_total"), std::string::npos);
+}
+
 TEST(Report, a_snapshot_waiting_for_room_on_the_backing_volume_is_named_in_health_status_and_metrics) {
   auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
   s.replication = replica::ReplicationStats{};

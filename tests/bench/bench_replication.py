@@ -8,10 +8,15 @@
      and exports it in /metrics) under a steady writer, at sync intervals 1 s
      and 100 ms;
   3. restore throughput of a database of --restore-mb (default 1024) versus
-     `cp` of the same file (both from a warm page cache, to a new file, synced).
+     `cp` of the same file (both from a warm page cache, to a new file, synced);
+  4. requests to the destination per tenant per hour, by kind (what S3
+     bills), for one tenant committing once per second at the default sync
+     interval (1 s), from the agent's fleetfs_replica_requests_total: the goal
+     is one create per round with something to ship and no list.
 
 Not a test: it asserts nothing about speed. Usage (as root):
   python3 tests/bench/bench_replication.py --binary build/agent/fleetfs
+  python3 tests/bench/bench_replication.py --binary build/agent/fleetfs --only requests
 """
 import argparse
 import json
@@ -64,6 +69,10 @@ class Agent:
                     out[key] = float(value)
             return out
 
+    def status(self):
+        with open(os.path.join(self.mount, ".fleetfs", "status.json")) as f:
+            return json.load(f)
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(60)
@@ -97,6 +106,76 @@ def timed(fn):
     return time.perf_counter() - started
 
 
+REQUEST_KINDS = ("create", "put", "list", "get", "head", "size", "remove", "probe", "clean_temps")
+
+
+def requests(agent):
+    m = agent.metrics()
+    counts = {k: m[f'fleetfs_replica_requests_total{{kind="{k}"}}'] for k in REQUEST_KINDS}
+    counts["failures"] = m["fleetfs_replica_request_failures_total"]
+    return counts
+
+
+def wait_shipped(agent, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = agent.status()
+        if st["replication"]["tenants_unshipped"] == 0 and all(
+                r["replication_lag_s"] == 0 for r in st["ranges"]):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the agent did not ship everything in time")
+
+
+def requests_per_hour(binary, root, agents, seconds):
+    """One tenant committing once per second: requests to the destination in
+    steady state (after the tenant's creation, first snapshot and the claim's
+    warm-up listing), extrapolated to an hour."""
+    a = Agent(binary, root, "requests",
+              ["--replica", f"file://{root}/replica-requests", "--sync-interval", "1s"])
+    agents.append(a)
+    rel = tenant_path(binary, "requests-tenant")
+    db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+    wait_shipped(a)
+    # The claim's warm-up lists the range's buckets in the background: start
+    # once the counts stand still.
+    before = requests(a)
+    for _ in range(20):
+        time.sleep(0.5)
+        now = requests(a)
+        if now == before:
+            break
+        before = now
+    commits = 0
+    next_at = time.perf_counter()
+    end = next_at + seconds
+    while next_at < end:
+        db.execute("INSERT INTO t(v) VALUES (?)", ("z" * 200,))
+        commits += 1
+        next_at += 1.0
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    wait_shipped(a)
+    after = requests(a)
+    db.close()
+    a.stop()
+    agents.remove(a)
+    per_hour = 3600 / seconds
+    print(f"4. requests to the destination per tenant per hour: one tenant committing once per "
+          f"second for {seconds:.0f} s, sync 1s (the default), in steady state; per hour = the "
+          f"window's count x{per_hour:g} (an extrapolation: the hourly snapshot and the "
+          f"retention pass after it fall outside the window)")
+    for kind in REQUEST_KINDS + ("failures",):
+        n = after[kind] - before[kind]
+        print(f"   {kind:12} {n:6.0f} in the window   {n * per_hour:9.0f} per hour")
+    creates = after["create"] - before["create"]
+    print(f"   {commits} commits, {creates:.0f} creates: creates/commits "
+          f"{creates / commits:.2f} (the goal: 1 per round with something to ship, no list)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", required=True)
@@ -105,100 +184,112 @@ def main():
     ap.add_argument("--lag-seconds", type=float, default=15)
     ap.add_argument("--lag-rate", type=float, default=200, help="transactions per second")
     ap.add_argument("--restore-mb", type=int, default=1024)
+    ap.add_argument("--requests-seconds", type=float, default=60,
+                    help="length of the requests-per-hour window (one commit per second)")
+    ap.add_argument("--only", choices=("throughput", "lag", "restore", "requests"),
+                    help="run one workload")
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
+    want = lambda name: args.only in (None, name)
     root = tempfile.mkdtemp(prefix="fleetfs-bench-repl-", dir=args.dir)
     os.chmod(root, 0o755)
     replica = f"file://{root}/replica"
     agents = []
     try:
         # 1. throughput, replication off and on, interleaved.
-        off = Agent(args.binary, root, "off", ["--replica", "off"])
-        on = Agent(args.binary, root, "on", ["--replica", replica, "--sync-interval", "1s"])
-        agents += [off, on]
-        workloads = [("wal", "NORMAL"), ("wal", "FULL"), ("delete", "FULL")]
-        rates = {(w, a): [] for w in workloads for a in ("off", "on")}
-        for r in range(args.rounds):
+        if want("throughput"):
+            off = Agent(args.binary, root, "off", ["--replica", "off"])
+            on = Agent(args.binary, root, "on", ["--replica", replica, "--sync-interval", "1s"])
+            agents += [off, on]
+            workloads = [("wal", "NORMAL"), ("wal", "FULL"), ("delete", "FULL")]
+            rates = {(w, a): [] for w in workloads for a in ("off", "on")}
+            for r in range(args.rounds):
+                for w in workloads:
+                    for name, agent in (("off", off), ("on", on)):
+                        rel = tenant_path(args.binary, f"tp-{w[0]}-{w[1]}-{r}")
+                        rates[(w, name)].append(
+                            inserts(os.path.join(agent.mount, rel), w[0], w[1], args.count))
+            print("1. write throughput through the mount, replication on (sync 1s) vs off, "
+                  f"median of {args.rounds} rounds of {args.count} single-row transactions")
             for w in workloads:
-                for name, agent in (("off", off), ("on", on)):
-                    rel = tenant_path(args.binary, f"tp-{w[0]}-{w[1]}-{r}")
-                    rates[(w, name)].append(
-                        inserts(os.path.join(agent.mount, rel), w[0], w[1], args.count))
-        print("1. write throughput through the mount, replication on (sync 1s) vs off, "
-              f"median of {args.rounds} rounds of {args.count} single-row transactions")
-        for w in workloads:
-            o = statistics.median(rates[(w, "off")])
-            n = statistics.median(rates[(w, "on")])
-            print(f"   {w[0]:6} {w[1]:6}  off {o:8.0f} txn/s   on {n:8.0f} txn/s   on/off {n / o:.2f}")
-        m = on.metrics()
-        print(f"   shipped {m['fleetfs_replication_snapshots_total']:.0f} snapshots and "
-              f"{m['fleetfs_replication_transactions_shipped_total']:.0f} transactions in segments, "
-              f"{m['fleetfs_replication_bytes_shipped_total'] / 2**20:.1f} MiB")
-        on.stop()
-        off.stop()
-        agents.clear()
+                o = statistics.median(rates[(w, "off")])
+                n = statistics.median(rates[(w, "on")])
+                print(f"   {w[0]:6} {w[1]:6}  off {o:8.0f} txn/s   on {n:8.0f} txn/s   on/off {n / o:.2f}")
+            m = on.metrics()
+            print(f"   shipped {m['fleetfs_replication_snapshots_total']:.0f} snapshots and "
+                  f"{m['fleetfs_replication_transactions_shipped_total']:.0f} transactions in segments, "
+                  f"{m['fleetfs_replication_bytes_shipped_total'] / 2**20:.1f} MiB")
+            on.stop()
+            off.stop()
+            agents.clear()
 
         # 2. lag at two sync intervals.
-        print(f"2. replication lag under a steady writer ({args.lag_rate:.0f} txn/s for "
-              f"{args.lag_seconds:.0f} s), commit to shipped")
-        for interval in ("1s", "100ms"):
-            a = Agent(args.binary, root, f"lag{interval}",
-                      ["--replica", f"file://{root}/replica-{interval}", "--sync-interval", interval])
-            agents.append(a)
-            rel = tenant_path(args.binary, f"lag-{interval}")
-            steady_writer(os.path.join(a.mount, rel), args.lag_rate, args.lag_seconds)
-            time.sleep(1.5)  # the last round ships
-            m = a.metrics()
-            p50 = m['fleetfs_replication_lag_seconds{quantile="0.5"}']
-            p99 = m['fleetfs_replication_lag_seconds{quantile="0.99"}']
-            print(f"   sync {interval:6}  p50 {p50:.3f} s   p99 {p99:.3f} s")
-            a.stop()
-            agents.remove(a)
+        if want("lag"):
+            print(f"2. replication lag under a steady writer ({args.lag_rate:.0f} txn/s for "
+                  f"{args.lag_seconds:.0f} s), commit to shipped")
+            for interval in ("1s", "100ms"):
+                a = Agent(args.binary, root, f"lag{interval}",
+                          ["--replica", f"file://{root}/replica-{interval}", "--sync-interval", interval])
+                agents.append(a)
+                rel = tenant_path(args.binary, f"lag-{interval}")
+                steady_writer(os.path.join(a.mount, rel), args.lag_rate, args.lag_seconds)
+                time.sleep(1.5)  # the last round ships
+                m = a.metrics()
+                p50 = m['fleetfs_replication_lag_seconds{quantile="0.5"}']
+                p99 = m['fleetfs_replication_lag_seconds{quantile="0.99"}']
+                print(f"   sync {interval:6}  p50 {p50:.3f} s   p99 {p99:.3f} s")
+                a.stop()
+                agents.remove(a)
 
         # 3. restore of a large database versus cp.
-        a = Agent(args.binary, root, "big", ["--replica", replica, "--sync-interval", "1s"])
-        agents.append(a)
-        rel = tenant_path(args.binary, "bigtenant")
-        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
-        rows = args.restore_mb * 1024 // 4  # 4 KiB rows: 3 KiB random, 1 KiB text
-        batch = 2000
-        for start in range(0, rows, batch):
-            db.execute("BEGIN")
-            db.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
-                       " INSERT INTO t(v) SELECT randomblob(3072) || zeroblob(1024) FROM n",
-                       (min(batch, rows - start),))
-            db.execute("COMMIT")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.close()
-        a.stop()  # ships everything; the first ship of this run is a snapshot of the whole file
-        agents.remove(a)
-        local = os.path.join(a.backing, rel)
-        size = os.path.getsize(local)
-        # Warm both sources the same way: read each once.
-        for path in [local] + [os.path.join(dp, f) for dp, _, fs in os.walk(f"{root}/replica") for f in fs]:
-            with open(path, "rb") as f:
-                while f.read(1 << 24):
-                    pass
-        def cp():
-            out = os.path.join(root, "cp.db")
-            subprocess.run(["cp", local, out], check=True)
-            subprocess.run(["sync", out], check=True)
-            os.unlink(out)
-        def restore():
-            out = os.path.join(root, "restored.db")
-            subprocess.run([args.binary, "restore", "bigtenant", "--replica", replica, "-o", out],
-                           check=True, capture_output=True)
-            os.unlink(out)
-        cps, restores = [], []
-        for _ in range(5):  # interleaved: the disk's mood affects both alike
-            cps.append(timed(cp))
-            restores.append(timed(restore))
-        c, r = statistics.median(cps), statistics.median(restores)
-        print(f"3. restore of a {size / 2**20:.0f} MiB database (median of 5): restore {r:.2f} s "
-              f"({size / 2**20 / r:.0f} MiB/s), cp {c:.2f} s ({size / 2**20 / c:.0f} MiB/s), "
-              f"restore/cp throughput {c / r:.2f}")
+        if want("restore"):
+            a = Agent(args.binary, root, "big", ["--replica", replica, "--sync-interval", "1s"])
+            agents.append(a)
+            rel = tenant_path(args.binary, "bigtenant")
+            db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+            rows = args.restore_mb * 1024 // 4  # 4 KiB rows: 3 KiB random, 1 KiB text
+            batch = 2000
+            for start in range(0, rows, batch):
+                db.execute("BEGIN")
+                db.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
+                           " INSERT INTO t(v) SELECT randomblob(3072) || zeroblob(1024) FROM n",
+                           (min(batch, rows - start),))
+                db.execute("COMMIT")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.close()
+            a.stop()  # ships everything; the first ship of this run is a snapshot of the whole file
+            agents.remove(a)
+            local = os.path.join(a.backing, rel)
+            size = os.path.getsize(local)
+            # Warm both sources the same way: read each once.
+            for path in [local] + [os.path.join(dp, f) for dp, _, fs in os.walk(f"{root}/replica") for f in fs]:
+                with open(path, "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+            def cp():
+                out = os.path.join(root, "cp.db")
+                subprocess.run(["cp", local, out], check=True)
+                subprocess.run(["sync", out], check=True)
+                os.unlink(out)
+            def restore():
+                out = os.path.join(root, "restored.db")
+                subprocess.run([args.binary, "restore", "bigtenant", "--replica", replica, "-o", out],
+                               check=True, capture_output=True)
+                os.unlink(out)
+            cps, restores = [], []
+            for _ in range(5):  # interleaved: the disk's mood affects both alike
+                cps.append(timed(cp))
+                restores.append(timed(restore))
+            c, r = statistics.median(cps), statistics.median(restores)
+            print(f"3. restore of a {size / 2**20:.0f} MiB database (median of 5): restore {r:.2f} s "
+                  f"({size / 2**20 / r:.0f} MiB/s), cp {c:.2f} s ({size / 2**20 / c:.0f} MiB/s), "
+                  f"restore/cp throughput {c / r:.2f}")
+
+        # 4. requests to the destination per tenant per hour.
+        if want("requests"):
+            requests_per_hour(args.binary, root, agents, args.requests_seconds)
     finally:
         for a in agents:
             try:

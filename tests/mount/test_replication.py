@@ -128,6 +128,18 @@ class Replication(MountTest):
         wait_for(done, timeout, f"{agent.name}: everything shipped", poll=0.05,
                  on_fail=agent.log_tail)
 
+    def requests(self, agent):
+        """Requests to the destination by kind, from the agent's /metrics."""
+        status, text = agent.http("/metrics")
+        self.assertEqual(status, 200, text)
+        out = {}
+        for line in text.splitlines():
+            if line.startswith('fleetfs_replica_requests_total{kind="'):
+                key, value = line.rsplit(" ", 1)
+                out[key.split('"')[1]] = int(value)
+        self.assertIn("create", out, text)
+        return out
+
     def commit_with_marks(self, path, count, pad):
         """Commits rows 1..count one at a time; after each, a time mark strictly
         between it and the next commit."""
@@ -254,6 +266,41 @@ class Replication(MountTest):
         self.assertGreaterEqual(len(self.snapshots(tenant)), 3, "no periodic snapshot was taken")
         self.assert_restores_at_marks(tenant, marks)
         self.assertEqual(cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
+
+    # Issue 10's cost at the destination: in steady state a tenant costs one
+    # create per round with something to ship, and no list, get or head.
+    def test_steady_shipping_creates_an_object_per_round_and_lists_nothing(self):
+        tenant = tenants_in(0, 16383, 1, prefix="steady")[0]
+        a = self.ragent("a").start()
+        a.wait_states("serving")
+        rel = self.make_tenant(a, tenant, "wal")
+        self.wait_shipped(a)
+        self.assertEqual(a.stop(), 0)
+        # Restarted, it claims at a new epoch and its warm-up lists the range
+        # in the background: the tenant queued says that listing is over.
+        a = self.ragent("a").start()
+        a.wait_states("serving", timeout=TTL_S * 3)
+        wait_for(lambda: a.status()["replication"]["warm_restores_queued"] >= 1, 15,
+                 "the warm-up listed the range", on_fail=a.log_tail)
+        db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
+        try:
+            # The first round after the takeover reads the log and writes the marker.
+            db.execute("INSERT INTO t(id, pad) VALUES (0, x'00')")
+            self.wait_shipped(a)
+            before = self.requests(a)
+            rounds = 5
+            for i in range(1, rounds + 1):
+                db.execute("INSERT INTO t(id, pad) VALUES (?, x'00')", (i,))
+                self.wait_shipped(a)  # each commit ships in a round of its own
+            after = self.requests(a)
+        finally:
+            db.close()
+        self.assertGreater(before["create"], 0)
+        self.assertGreaterEqual(after["create"] - before["create"], rounds)
+        for kind in ("list", "get", "head", "put"):
+            self.assertEqual(after[kind], before[kind], f"steady shipping made {kind} requests: "
+                             f"before {before}, after {after}")
+        self.assertEqual(a.status()["replication"]["requests"], self.requests(a))
 
     # 3. A newer owner's marker in the log refuses the old owner's next
     # upload at the destination: the old owner stops and drops the range.

@@ -139,6 +139,7 @@ class Replicator::Impl {
   std::shared_ptr<TenantWatch> Watch(const FleetFile& file, std::uint64_t epoch);
   void Prepare(const FleetFile& main, std::uint64_t epoch, std::function<void(int)> done,
                bool warm);
+  void WillDelete(const FleetFile& main, std::uint64_t epoch);
   void Deleted(const FleetFile& main, std::uint64_t epoch);
   void Warm(Slot first, Slot last, std::uint64_t epoch);
   bool Flush(MonoTime deadline);
@@ -322,7 +323,6 @@ struct KeyLog {
   // The newest data object this host appended (its sequence and checksum):
   // what the file's shipped stamp records once nothing is left to ship.
   std::optional<ShippedStamp> last_data;
-  std::optional<ShippedStamp> stamped;  // what the file's shipped stamp was last set to
   WallMs last_snapshot_ms = 0;
   std::uint64_t commits_since_snapshot = 0;
   // A newer epoch took the log (or it could not be trusted) while written at
@@ -355,13 +355,22 @@ class Tenant final {
             CaptureOptions{r.root(), r.wall(), [&r] { r.CountCaptureFailure(); }},
             std::move(main))),
         log_(std::move(log)),
-        // No unshipped marker when the capture began: everything written to
-        // the file before had shipped, so the file is its shipped stamp's state.
-        clean_at_start_(::faccessat(r.root(),
-                                    (std::string(kUnshippedMarkerDir) + "/" +
-                                     MarkerName(capture_->main()))
-                                        .c_str(),
-                                    F_OK, AT_SYMLINK_NOFOLLOW) != 0) {}
+        continuable_(ShippedState(r.root(), capture_->main())) {}
+
+  // The file's shipped stamp, when the file is still that state as the
+  // capture begins (before any write through the mount): no unshipped
+  // marker, and the files' identity unchanged since the stamp was written
+  // (a write around the mount, or a marker lost to a crash or a full
+  // volume, changes it).
+  static std::optional<ShippedStamp> ShippedState(int root, const FleetFile& main) {
+    const std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main);
+    if (::faccessat(root, marker.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0) return std::nullopt;
+    UniqueFd file(::openat(root, main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!file.valid()) return std::nullopt;
+    std::optional<ShippedStamp> stamp = ReadShippedStamp(file.get());
+    if (!stamp || ReadFileIdentity(root, main.main_path) != stamp->files) return std::nullopt;
+    return stamp;
+  }
 
   const FleetFile& main() const { return capture_->main(); }
   Capture& capture() { return *capture_; }
@@ -370,12 +379,17 @@ class Tenant final {
   // The tenant's TenantWatch (the mount's hooks) and its capture state.
   const std::shared_ptr<Capture> capture_;
   const std::shared_ptr<KeyLog> log_;
-  const bool clean_at_start_;
+  const std::optional<ShippedStamp> continuable_;
   bool continue_tried_ = false;  // under the log's mu: MaybeContinue ran to a verdict
 
   std::mutex mu_;  // guards the two below; taken alone or after the log's mu
   std::uint64_t epoch_ = 0;
   bool deleted_ = false;  // deleted through the mount: nothing more of it ships
+
+  bool IsDeleted() {
+    std::lock_guard lock(mu_);
+    return deleted_;
+  }
 };
 
 // ---- start and stop ----
@@ -560,15 +574,13 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
   return t->capture_;
 }
 
-void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
-  const WallMs when = NowMs();
-  // On disk before the delete is known in memory: an upload that lands
-  // meanwhile finds the record to remove (published first, a record written
-  // after its removal would outlive the tombstone and, after a restart,
-  // delete the tenant made again). Kept until the tombstone is in the log:
-  // after a crash the tenant stays deleted, and its tombstone ships once its
-  // range is served.
-  const std::string record = std::to_string(epoch) + " " + std::to_string(when) + "\n";
+void Replicator::Impl::WillDelete(const FleetFile& main, std::uint64_t epoch) {
+  // On disk before the file goes (a crash between the unlink and a record
+  // written after it would bring the tenant back by restore), and before the
+  // delete is known in memory (an upload that lands meanwhile finds the
+  // record to remove). Kept until the tombstone is in the log. If the unlink
+  // fails, the record names a file still there, and a start drops it.
+  const std::string record = std::to_string(epoch) + " " + std::to_string(NowMs()) + "\n";
   const std::string path = DeletedPath(main);
   const std::string temp = path + ".tmp";
   UniqueFd fd(::openat(root_.get(), temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -581,6 +593,14 @@ void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
                                    O_RDONLY | O_DIRECTORY | O_CLOEXEC));
              dir.valid()) {
     ::fsync(dir.get());
+  }
+}
+
+void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
+  const WallMs when = NowMs();
+  // The record WillDelete wrote, for a caller that did not call it.
+  if (::faccessat(root_.get(), DeletedPath(main).c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
+    WillDelete(main, epoch);
   }
   LogFor(main)->stale_base = true;  // a tenant made again starts from a snapshot
   std::shared_ptr<Tenant> t;
@@ -772,40 +792,32 @@ Result<std::optional<ShippedStamp>> Replicator::Impl::DataBeforeMarkers(const Fl
     FLEETFS_ASSIGN_OR_RETURN(h, ReadLogHeader(*o_.destination, LogDir(main), seq, Ceiling(epoch)));
     if (h.kind == LogKind::kMarker) continue;
     if (h.kind == LogKind::kTombstone) break;
-    return std::optional<ShippedStamp>(ShippedStamp{seq, sum});
+    return std::optional<ShippedStamp>(ShippedStamp{seq, sum, {}});
   }
   return std::optional<ShippedStamp>();
 }
 
 bool Replicator::Impl::IsShippedState(const FleetFile& main, std::uint64_t epoch) {
-  // The unshipped marker is made before any write reaches the file and
-  // removed only once everything written shipped.
-  const std::string marker = std::string(kUnshippedMarkerDir) + "/" + MarkerName(main);
-  if (::faccessat(root_.get(), marker.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0) return false;
-  UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!file.valid()) return false;
-  const std::optional<ShippedStamp> stamp = ReadShippedStamp(file.get());
+  const std::optional<ShippedStamp> stamp = Tenant::ShippedState(root_.get(), main);
   if (!stamp) return false;
   auto data = DataBeforeMarkers(main, epoch);
-  return data.ok() && *data && **data == *stamp;
+  return data.ok() && *data && (*data)->seq == stamp->seq && (*data)->checksum == stamp->checksum;
 }
 
 void Replicator::Impl::MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::uint64_t> serving) {
-  if (k.base || t.continue_tried_ || !t.clean_at_start_ || !serving) return;
+  if (k.base || t.continue_tried_ || !t.continuable_ || !serving) return;
   // After this epoch's marker, and once the file was checked at it (a check
   // may yet replace the file).
   if (!k.writer.shipping() || k.writer.position().epoch != *serving) return;
   if (!CheckedAt(t.main(), *serving)) return;
   t.continue_tried_ = true;
-  UniqueFd file(::openat(root_.get(), t.main().main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  const std::optional<ShippedStamp> stamp =
-      file.valid() ? ReadShippedStamp(file.get()) : std::nullopt;
-  if (!stamp) return;
+  const std::optional<ShippedStamp>& stamp = t.continuable_;
   auto data = DataBeforeMarkers(t.main(), *serving);
-  if (!data.ok() || !*data || !(**data == *stamp)) return;
+  if (!data.ok() || !*data || (*data)->seq != stamp->seq || (*data)->checksum != stamp->checksum) {
+    return;
+  }
   k.base = true;
   k.last_data = *stamp;
-  k.stamped = *stamp;
   // The snapshot interval counts from here: the base's own time is unknown,
   // and an immediate "due" snapshot would undo what continuing saves.
   k.last_snapshot_ms = NowMs();
@@ -997,7 +1009,7 @@ Status Replicator::Impl::AppendPendingSegment(KeyLog& k, const FleetFile& main, 
   std::vector<Txn> txns = std::move(k.pending_txns);
   k.pending_segment.reset();
   k.pending_txns.clear();
-  k.last_data = ShippedStamp{out.seq, k.writer.position().prev};
+  k.last_data = ShippedStamp{out.seq, k.writer.position().prev, {}};
   k.commits_since_snapshot += txns.size();
   if (capture) capture->Shipped();
   const WallMs now = NowMs();
@@ -1024,7 +1036,7 @@ Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main,
   ::fstat(k.pending_snapshot.get(), &st);
   k.pending_snapshot.Reset();
   k.base = true;
-  k.last_data = ShippedStamp{out.seq, k.writer.position().prev};
+  k.last_data = ShippedStamp{out.seq, k.writer.position().prev, {}};
   k.last_snapshot_ms = NowMs();
   k.commits_since_snapshot = 0;
   if (capture) capture->ClearGap(k.pending_gap_mark);
@@ -1061,6 +1073,14 @@ Status Replicator::Impl::ShipSnapshot(Tenant& t, bool periodic) {
   FLEETFS_RETURN_IF_ERROR(AppendPendingSegment(k, t.main(), &t.capture()));
   if (k.pending_snapshot.valid()) return AppendPendingSnapshot(k, t.main(), &t.capture());
   FLEETFS_RETURN_IF_ERROR(StageSnapshot(t, periodic));
+  if (t.IsDeleted()) {
+    // Deleted during the copy: the name may already hold a new file, whose
+    // writes this tenant's gate did not hold back. Nothing of it ships.
+    k.pending_segment.reset();
+    k.pending_txns.clear();
+    k.pending_snapshot.Reset();
+    return Status(Code::kFailedPrecondition, t.main().main_path + " was deleted during its snapshot");
+  }
   FLEETFS_RETURN_IF_ERROR(AppendPendingSegment(k, t.main(), &t.capture()));
   return AppendPendingSnapshot(k, t.main(), &t.capture());
 }
@@ -1082,7 +1102,6 @@ bool Replicator::Impl::Sync(Tenant& t) {
   if (k.stale_base.exchange(false)) {
     k.base = false;
     k.last_data.reset();
-    k.stamped.reset();
   }
   const FleetFile& main = t.main();
   std::optional<std::uint64_t> serving;
@@ -1098,6 +1117,7 @@ bool Replicator::Impl::Sync(Tenant& t) {
   // The caller of Decide does what it names and asks again: a new epoch is
   // check, marker, snapshot, then what was captured meanwhile.
   for (int step = 0; step < 6; ++step) {
+    if (t.IsDeleted()) return true;  // deleted meanwhile: its tombstone is shipped on its own
     if (step > 0) scan = t.capture().Scan();
     MaybeContinue(k, t, serving);
     const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
@@ -1180,6 +1200,11 @@ bool Replicator::Impl::Sync(Tenant& t) {
   if (scan.unshippable) return false;  // what came after the switch waits
   const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
   if (pending) return false;
+  // The files' identity before the marker can go: if nothing lands between
+  // this and the look after, it is the identity of the shipped state, and
+  // the stamp written with it is believed only while it still holds.
+  std::optional<FileIdentity> before;
+  if ((first.unshipped || shipped) && k.last_data) before = ReadFileIdentity(root_.get(), main.main_path);
   bool settled;
   if (shipped) {
     settled = t.capture().SettleShipped(first);
@@ -1191,13 +1216,12 @@ bool Replicator::Impl::Sync(Tenant& t) {
     // snapshot).
     settled = t.capture().SettleIdle(first);
   }
-  if (settled && k.last_data && k.last_data != k.stamped && !t.capture().unshipped()) {
-    // The file's state is the log's at last_data: stamped once (a written
-    // file gets its unshipped marker first, and the stamp is not used).
+  if (settled && before && !t.capture().unshipped() && !t.IsDeleted() &&
+      ReadFileIdentity(root_.get(), main.main_path) == before) {
+    ShippedStamp stamp = *k.last_data;
+    stamp.files = *before;
     UniqueFd file(::openat(root_.get(), main.main_path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
-    if (file.valid() && WriteShippedStamp(file.get(), *k.last_data, main.main_path).ok()) {
-      k.stamped = k.last_data;
-    }
+    if (file.valid()) (void)WriteShippedStamp(file.get(), stamp, main.main_path);
   }
   return settled;
 }
@@ -1781,7 +1805,6 @@ void Replicator::Impl::ResetTenant(const FleetFile& main) {
   t->capture().Reset();
   t->log().base = false;
   t->log().last_data.reset();
-  t->log().stamped.reset();
 }
 
 void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
@@ -1918,6 +1941,9 @@ std::shared_ptr<TenantWatch> Replicator::Watch(const FleetFile& file, std::uint6
 void Replicator::Prepare(const FleetFile& main, std::uint64_t epoch,
                          std::function<void(int err)> done) {
   impl_->Prepare(main, epoch, std::move(done), /*warm=*/false);
+}
+void Replicator::WillDelete(const FleetFile& main, std::uint64_t epoch) {
+  impl_->WillDelete(main, epoch);
 }
 void Replicator::Deleted(const FleetFile& main, std::uint64_t epoch) { impl_->Deleted(main, epoch); }
 void Replicator::Warm(Slot first, Slot last, std::uint64_t epoch) { impl_->Warm(first, last, epoch); }

@@ -143,6 +143,7 @@ class Replicator final : public TenantHooks {
   std::shared_ptr<TenantWatch> Watch(const FleetFile& file, std::uint64_t epoch) override;
   void Prepare(const FleetFile& main, std::uint64_t epoch,
                std::function<void(int err)> done) override;
+  void WillDelete(const FleetFile& main, std::uint64_t epoch) override;
   void Deleted(const FleetFile& main, std::uint64_t epoch) override;
 
   // Restores in the background the tenants of [first, last] that the replica

@@ -1453,5 +1453,77 @@ TEST_F(ReplicatorTest, a_failback_after_an_owner_that_wrote_nothing_keeps_the_fi
   EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 4);
 }
 
+// ---- review of item 12: the shipped stamp is believed only for the state it names ----
+
+TEST_F(ReplicatorTest, a_file_written_after_its_stamp_is_not_continued_though_its_marker_was_lost) {
+  FleetFile k = Main("lost-marker");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  Start(Options());
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 3);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  // A commit the agent captures but never ships; its unshipped marker is
+  // lost (a full volume, a crash before the directory reached the disk).
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  Insert(db, 3, 4);
+  db.Exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  rep_.reset();
+  fs::remove_all(dir_ / "backing" / ".fleetfs" / "unshipped");
+  fs::create_directories(dir_ / "backing" / ".fleetfs" / "unshipped");
+  Start(Options());
+  ASSERT_EQ(PrepareAndWait(k, kEpoch), 0);
+  watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  Insert(db, 4, 5);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().continued, 0u) << "continued from a stamp the file no longer is";
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Ids(), (std::set<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(copy.Text("PRAGMA integrity_check"), "ok");
+}
+
+TEST_F(ReplicatorTest, a_whole_file_replaced_right_after_a_continued_restart_ships_as_a_snapshot) {
+  FleetFile k = Main("replaced-after-restart");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(Options());
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  rep_->Stop();
+  rep_.reset();
+  // Another WAL-mode database, written over the tenant (cp through the mount).
+  const std::string other_path = (dir_ / "work" / "other.db").string();
+  {
+    Db other(other_path);
+    other.Exec("PRAGMA journal_mode=WAL");
+    other.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+    Insert(other, 100, 110);
+    other.Exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  }
+  const std::string other = Read(other_path);
+  for (std::string suffix : {"-wal", "-shm"}) fs::remove(Backing(k) + suffix);
+  served_ = kEpoch + 1;
+  Start(Options());
+  ASSERT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
+  auto watch = rep_->Watch(k, kEpoch + 1);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  ::truncate(Backing(k).c_str(), 0);
+  {
+    auto guard = watch->BeforeWrite(FileRole::kMain, 0, other.data(), other.size());
+    UniqueFd fd(::open(Backing(k).c_str(), O_WRONLY | O_CLOEXEC));
+    ASSERT_EQ(::pwrite(fd.get(), other.data(), other.size(), 0), static_cast<ssize_t>(other.size()));
+  }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  EXPECT_TRUE(Read(*restored) == other) << "the replaced file never shipped";
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

@@ -59,23 +59,55 @@ Status WriteStamps(int fd, std::uint64_t epoch, std::string_view key, std::strin
   return Status::Ok();
 }
 
+std::optional<FileIdentity> ReadFileIdentity(int root, const std::string& main_path) {
+  struct stat st;
+  if (::fstatat(root, main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return std::nullopt;
+  auto ns = [](const struct timespec& t) {
+    return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(t.tv_nsec);
+  };
+  FileIdentity id{static_cast<std::uint64_t>(st.st_ino), static_cast<std::uint64_t>(st.st_size),
+                  ns(st.st_mtim), 0, 0};
+  if (::fstatat(root, (main_path + "-wal").c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    id.wal_size = static_cast<std::uint64_t>(st.st_size);
+    id.wal_mtime_ns = ns(st.st_mtim);
+  } else if (errno != ENOENT) {
+    return std::nullopt;
+  }
+  return id;
+}
+
 std::optional<ShippedStamp> ReadShippedStamp(int fd) {
-  char buf[64];
+  char buf[192];
   ssize_t n = ::getxattr(ProcPath(fd).c_str(), kShippedStampXattr.data(), buf, sizeof buf);
   if (n <= 0 || n >= static_cast<ssize_t>(sizeof buf)) return std::nullopt;
+  const char* at = buf;
   const char* end = buf + n;
   ShippedStamp s;
-  auto [mid, ec] = std::from_chars(buf, end, s.seq);
-  if (ec != std::errc() || mid == end || *mid != ' ') return std::nullopt;
-  auto [last, ec2] = std::from_chars(mid + 1, end, s.checksum, 16);
-  if (ec2 != std::errc() || last != end) return std::nullopt;
+  std::uint64_t* fields[] = {&s.seq, &s.checksum, &s.files.ino, &s.files.size, &s.files.mtime_ns,
+                             &s.files.wal_size, &s.files.wal_mtime_ns};
+  for (std::size_t i = 0; i < std::size(fields); ++i) {
+    if (i > 0) {
+      if (at == end || *at != ' ') return std::nullopt;
+      ++at;
+    }
+    auto [next, ec] = std::from_chars(at, end, *fields[i], i == 1 ? 16 : 10);
+    if (ec != std::errc()) return std::nullopt;
+    at = next;
+  }
+  if (at != end) return std::nullopt;
   return s;
 }
 
 Status WriteShippedStamp(int fd, const ShippedStamp& stamp, std::string_view what) {
-  char buf[64];
-  const int n = std::snprintf(buf, sizeof buf, "%llu %llx", static_cast<unsigned long long>(stamp.seq),
-                              static_cast<unsigned long long>(stamp.checksum));
+  char buf[192];
+  const int n = std::snprintf(
+      buf, sizeof buf, "%llu %llx %llu %llu %llu %llu %llu",
+      static_cast<unsigned long long>(stamp.seq), static_cast<unsigned long long>(stamp.checksum),
+      static_cast<unsigned long long>(stamp.files.ino),
+      static_cast<unsigned long long>(stamp.files.size),
+      static_cast<unsigned long long>(stamp.files.mtime_ns),
+      static_cast<unsigned long long>(stamp.files.wal_size),
+      static_cast<unsigned long long>(stamp.files.wal_mtime_ns));
   if (::setxattr(ProcPath(fd).c_str(), kShippedStampXattr.data(), buf, static_cast<std::size_t>(n),
                  0) != 0) {
     return ErrnoStatus(std::string("stamping ") + std::string(what) + " with its shipped state",

@@ -29,9 +29,23 @@ inline constexpr std::string_view kKeyStampXattr = "user.fleetfs.key";
 // instead of a snapshot. (Not reachable through the mount: it answers no
 // extended attribute calls.)
 inline constexpr std::string_view kShippedStampXattr = "user.fleetfs.shipped";
+// The files' identity when the stamp was written: any write since (through
+// the mount or around it, a lost unshipped marker) changes it, and the stamp
+// is then not believed.
+struct FileIdentity {
+  std::uint64_t ino = 0;
+  std::uint64_t size = 0;
+  std::uint64_t mtime_ns = 0;
+  std::uint64_t wal_size = 0;      // 0 and 0: no -wal file
+  std::uint64_t wal_mtime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+// The identity of main file `main_path` under directory `root` and its -wal.
+std::optional<FileIdentity> ReadFileIdentity(int root, const std::string& main_path);
 struct ShippedStamp {
   std::uint64_t seq = 0;
   std::uint64_t checksum = 0;
+  FileIdentity files;
   bool operator==(const ShippedStamp&) const = default;
 };
 std::optional<ShippedStamp> ReadShippedStamp(int fd);

@@ -77,13 +77,31 @@ TEST_F(TenantFileTest, a_shipped_stamp_round_trips_and_a_malformed_one_reads_as_
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT, 0600));
   UniqueFd path_fd(::open(path.c_str(), O_PATH));
   EXPECT_EQ(ReadShippedStamp(path_fd.get()), std::nullopt);
-  const ShippedStamp s{17, 0xfedcba9876543210ull};
+  const ShippedStamp s{17, 0xfedcba9876543210ull, FileIdentity{5, 4096, 123456789012345678ull, 0, 0}};
   ASSERT_TRUE(WriteShippedStamp(path_fd.get(), s, "t.db").ok());
   EXPECT_EQ(ReadShippedStamp(path_fd.get()), s);
-  for (std::string_view bad : {"17", "17 ", "x 1", "17 1g", " 17 1", "17  1"}) {
+  for (std::string_view bad : {"17", "17 1 2 3 4 5", "17 1 2 3 4 5 6 ", "x 1 2 3 4 5 6",
+                               "17 1g 2 3 4 5 6", " 17 1 2 3 4 5 6", "17  1 2 3 4 5 6",
+                               "17 1 2 3 4 5 6 7"}) {
     ASSERT_EQ(::fsetxattr(fd.get(), kShippedStampXattr.data(), bad.data(), bad.size(), 0), 0);
     EXPECT_EQ(ReadShippedStamp(fd.get()), std::nullopt) << bad;
   }
+}
+
+TEST_F(TenantFileTest, a_files_identity_changes_with_a_write_to_it_or_its_wal) {
+  std::string path = dir_ + "/t.db";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT, 0600));
+  UniqueFd root(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY));
+  auto before = ReadFileIdentity(root.get(), "t.db");
+  ASSERT_TRUE(before.has_value());
+  EXPECT_EQ(ReadFileIdentity(root.get(), "t.db"), before);
+  ASSERT_EQ(::pwrite(fd.get(), "x", 1, 0), 1);
+  EXPECT_NE(ReadFileIdentity(root.get(), "t.db"), before);
+  auto with_main = ReadFileIdentity(root.get(), "t.db");
+  UniqueFd wal(::open((path + "-wal").c_str(), O_RDWR | O_CREAT, 0600));
+  ASSERT_EQ(::pwrite(wal.get(), "y", 1, 0), 1);
+  EXPECT_NE(ReadFileIdentity(root.get(), "t.db"), with_main);
+  EXPECT_EQ(ReadFileIdentity(root.get(), "missing.db"), std::nullopt);
 }
 
 }  // namespace

@@ -91,6 +91,11 @@ class TenantHooks {
   // thread, possibly before Prepare returns.
   virtual void Prepare(const FleetFile& main, std::uint64_t epoch,
                        std::function<void(int err)> done) = 0;
+  // The main file is about to be deleted through the mount under `epoch`:
+  // called before the unlink, so a record of the delete is on disk before
+  // the file is gone (a crash between the two must not bring it back). The
+  // unlink may still fail; Deleted follows only if it did not.
+  virtual void WillDelete(const FleetFile& main, std::uint64_t epoch) { (void)main, (void)epoch; }
   // The main file was deleted through the mount under `epoch`: a tombstone.
   virtual void Deleted(const FleetFile& main, std::uint64_t epoch) = 0;
 };

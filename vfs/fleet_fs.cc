@@ -870,6 +870,7 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
     WriteGuard guard;
     if (watch) guard = watch->BeforeUnlink(file->role);
     if (int err = Admit(op); err != 0) return err;
+    if (file->role == FileRole::kMain && options_.hooks) options_.hooks->WillDelete(*file, epoch);
     BeforeBackingCall();
     if (::unlinkat(bfd, name, 0) != 0) return errno;
     // Landed after the lease end: no more changes (no sidecars removed, no

@@ -139,7 +139,9 @@ WriteGuard Capture::BeforeTruncate(FileRole role, std::uint64_t size) {
   std::unique_lock lock(mu_);
   NoteWriteLocked();
   if (role == FileRole::kJournal && size == 0) FinishJournalLocked();  // TRUNCATE mode
-  if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) need_generation_ = true;
+  // A gap, counted: a continuation of the log (ClearGap of the gaps at the
+  // start) must never clear it.
+  if (role == FileRole::kMain && !journal_hot_ && !wal_exists_) MarkGapLocked(captured_.size());
   PublishLocked();
   return WriteGuard(&gate_, {});
 }
@@ -536,7 +538,7 @@ void Capture::FinishJournalLocked() {
 void Capture::UnjournaledWriteLocked(std::uint64_t offset, const char* data, std::size_t size) {
   if (unshippable_) return;
   if (InWalMode(offset, data, size)) {
-    need_generation_ = true;
+    MarkGapLocked(captured_.size());
     return;
   }
   unshippable_ = true;

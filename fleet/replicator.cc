@@ -174,7 +174,13 @@ class Replicator::Impl {
   // One round of shipping; true when nothing is left unshipped.
   bool Round();
   // One round for one tenant; true when it has nothing left to ship.
-  bool Sync(Tenant& t);
+  // With `snapshots` false, a tenant whose next shipment is a snapshot is
+  // left for later (`*deferred` set): a round ships every tenant's segments
+  // before any snapshot, so one tenant's long copy does not age the others'
+  // commits past the sync interval.
+  bool Sync(Tenant& t, bool snapshots = true, bool* deferred = nullptr);
+  // Whether a tenant Sync answered `shipped` for leaves the round clean.
+  bool Counted(Tenant& t, bool shipped);
   Status ShipSegment(Tenant& t);
   Status ShipSnapshot(Tenant& t, bool periodic);
   // Copies the tenant's committed state into a spool file under its write
@@ -659,24 +665,20 @@ bool Replicator::Impl::Round() {
   }
   // Every tenant, served now or not: true means nothing captured is left
   // unshipped anywhere. A tenant whose range is not served at this moment
-  // (a lapse, or a range lost) ships what its generation can still take;
-  // what it cannot ship (a generation starts only while served) keeps the
-  // round unclean. A tenant in journal mode OFF or MEMORY is not waited for:
-  // it is not replicated at all (said loudly), and holding a stop for it
-  // would only make every range on the host lapse instead of being released.
+  // (a lapse, or a range lost) ships what its log can still take; what it
+  // cannot ship (a snapshot goes only while served) keeps the round unclean.
   bool clean = true;
+  std::vector<std::shared_ptr<Tenant>> later;
   for (auto& t : all) {
-    const bool shipped = Sync(*t);
-    // Its commits from before the switch still count: they can ship (and
-    // so do those taken into an object not yet landed).
-    bool waiting = false;
-    if (!shipped && t->capture().unshippable()) {
-      std::lock_guard ship(t->log().mu);
-      waiting = t->capture().HasShippable() || t->log().pending_segment.has_value() ||
-                t->log().pending_snapshot.valid();
+    bool deferred = false;
+    const bool shipped = Sync(*t, /*snapshots=*/false, &deferred);
+    if (deferred) {
+      later.push_back(t);
+      continue;
     }
-    clean = (shipped || (t->capture().unshippable() && !waiting)) && clean;
+    clean = Counted(*t, shipped) && clean;
   }
+  for (auto& t : later) clean = Counted(*t, Sync(*t)) && clean;
   {
     std::lock_guard lock(tenants_mu_);
     clean = clean && tombstones_.empty();
@@ -688,6 +690,18 @@ bool Replicator::Impl::Round() {
   // object; clearing on the probe made /health flap every round).
   if (failures_seen_.load() == failures_before) RecordSuccess();
   return clean;
+}
+
+bool Replicator::Impl::Counted(Tenant& t, bool shipped) {
+  if (shipped || !t.capture().unshippable()) return shipped;
+  // Journal mode OFF or MEMORY: not waited for (it is not replicated at all,
+  // said loudly; holding a stop for it would only make every range on the
+  // host lapse instead of being released), but its commits from before the
+  // switch still count: they can ship (and so do those taken into an object
+  // not yet landed).
+  std::lock_guard ship(t.log().mu);
+  return !t.capture().HasShippable() && !t.log().pending_segment.has_value() &&
+         !t.log().pending_snapshot.valid();
 }
 
 // Deletes are facts of the replica: a tombstone in the key's log. Until it
@@ -1096,7 +1110,7 @@ void Replicator::Impl::Prune(KeyLog& k, const FleetFile& main) {
   }
 }
 
-bool Replicator::Impl::Sync(Tenant& t) {
+bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
   KeyLog& k = t.log();
   std::lock_guard ship(k.mu);
   if (k.stale_base.exchange(false)) {
@@ -1181,6 +1195,10 @@ bool Replicator::Impl::Sync(Tenant& t) {
         break;
       }
       case ShipAction::kSnapshot:
+        if (!snapshots) {
+          if (deferred) *deferred = true;
+          return false;
+        }
         st = ShipSnapshot(t, in.snapshot_due && !in.gap && k.base);
         break;
       case ShipAction::kSegment:

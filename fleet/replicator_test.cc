@@ -81,7 +81,25 @@ class ProbeDestination final : public Destination {
   }
   Status CreateFromFile(std::string_view path, int fd) override {
     Hold();
+    {
+      // Snapshots (objects created from a file) wait here while HoldSnapshots(true).
+      std::unique_lock lock(mu_);
+      if (hold_snapshots_) {
+        ++snapshots_held_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !hold_snapshots_; });
+      }
+    }
     return inner_->CreateFromFile(path, fd);
+  }
+  void HoldSnapshots(bool hold) {
+    std::lock_guard lock(mu_);
+    hold_snapshots_ = hold;
+    cv_.notify_all();
+  }
+  bool WaitSnapshotHeld(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return snapshots_held_ > 0; });
   }
   Status Get(std::string_view path, const Sink& sink) override {
     Status st = inner_->Get(path, sink);
@@ -142,6 +160,8 @@ class ProbeDestination final : public Destination {
   std::condition_variable cv_;
   std::map<std::string, int> lists_;
   bool hold_puts_ = false;
+  bool hold_snapshots_ = false;
+  int snapshots_held_ = 0;
   int puts_held_ = 0;
   std::optional<std::string> hold_list_;
   int hold_skip_ = 0;
@@ -1523,6 +1543,40 @@ TEST_F(ReplicatorTest, a_whole_file_replaced_right_after_a_continued_restart_shi
   auto restored = Restored(k);
   ASSERT_TRUE(restored.ok()) << restored.status().message();
   EXPECT_TRUE(Read(*restored) == other) << "the replaced file never shipped";
+}
+
+TEST_F(ReplicatorTest, a_round_ships_every_tenants_segments_before_any_snapshot) {
+  Start(Options());
+  // Five tenants in steady state, each with a commit waiting.
+  std::vector<FleetFile> steady;
+  std::vector<std::unique_ptr<Db>> dbs;
+  std::vector<std::shared_ptr<TenantWatch>> watches;
+  for (int i = 0; i < 5; ++i) {
+    steady.push_back(Main("steady-" + std::to_string(i)));
+    fs::create_directories(fs::path(Backing(steady.back())).parent_path());
+    dbs.push_back(std::make_unique<Db>(Backing(steady.back())));
+    watches.push_back(WalTenant(*rep_, *dbs.back(), steady.back()));
+    Insert(*dbs.back(), 0, 1);
+  }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  for (auto& db : dbs) Insert(*db, 1, 2);
+  // And one whose next shipment is a snapshot, held at the destination.
+  FleetFile big = Main("needs-a-snapshot");
+  fs::create_directories(fs::path(Backing(big)).parent_path());
+  Db db(Backing(big));
+  auto watch = WalTenant(*rep_, db, big);
+  Insert(db, 0, 1);
+  dest_->HoldSnapshots(true);
+  std::thread flush([&] { rep_->Flush(mono_.Now() + seconds(30)); });
+  ASSERT_TRUE(dest_->WaitSnapshotHeld(seconds(20)));
+  for (const auto& k : steady) {
+    auto headers = Headers(*inner_, k);
+    ASSERT_FALSE(headers.empty());
+    EXPECT_EQ(headers.back().kind, LogKind::kSegment)
+        << k.main_path << ": its commit waited behind another tenant's snapshot";
+  }
+  dest_->HoldSnapshots(false);
+  flush.join();
 }
 
 }  // namespace

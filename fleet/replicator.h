@@ -96,7 +96,8 @@ struct ReplicatorOptions {
   // at most 1 GiB. A snapshot that would eat into it waits, and says why.
   std::uint64_t spool_reserve_bytes = 0;
   // Captured commits the destination has not taken, held in memory for all
-  // tenants together; beyond it they spill to disk.
+  // tenants together; beyond it they spill to disk. The segment being built
+  // or uploaded (a quarter of it at most, taken out of it) comes on top.
   std::uint64_t capture_memory_bytes = 256ull << 20;
   // Spilled commits (and segments waiting for a retry) on the backing
   // volume, for all tenants together; never more than the volume can spare

@@ -553,6 +553,9 @@ void Capture::LearnWalPageSize() {
 }
 
 void Capture::PushLocked(Txn txn) {
+  // Deleted: never shipped, and a tenant made again under the name spills
+  // to the same file name.
+  if (dropped_) return;
   if (unshippable_) {
     // A commit with a journal or a WAL: transactions' ends are on disk again.
     // The gap marked on entry makes the next shipment a fresh snapshot.
@@ -577,7 +580,8 @@ void Capture::PushLocked(Txn txn) {
       ++budget_->spilled;
       if (!budget_->spilling.exchange(true)) {
         spdlog::warn("replica: the agent's capture memory ({} bytes) is full of commits the "
-                     "destination has not taken; {} and later ones spill to {}",
+                     "destination has not taken; later ones (the first of {}) spill to "
+                     "BACKING/{} until shipping drains them",
                      budget_->memory_limit(), main_.main_path, std::string(kSpillDir));
       }
     }

@@ -52,8 +52,7 @@ class CaptureTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // A tenant's main file of 8 pages, and its capture.
-  std::unique_ptr<Capture> Tenant(const std::string& name,
-                                  std::shared_ptr<CaptureBudget> budget) {
+  std::unique_ptr<Capture> Tenant(const std::string& name, std::shared_ptr<CaptureBudget> budget) {
     const FleetFile main = *ParseFleetPath(FleetMode::kTenant, TenantPath(name));
     fs::create_directories(dir_ / fs::path(main.main_path).parent_path());
     std::ofstream(dir_ / main.main_path, std::ios::binary) << std::string(8 * 4096, 'm');
@@ -67,7 +66,8 @@ class CaptureTest : public ::testing::Test {
     { auto guard = c.BeforeWrite(FileRole::kJournal, 0, magic, sizeof magic); }
     const std::string page(4096, 'p');
     for (int p = 0; p < pages; ++p) {
-      auto guard = c.BeforeWrite(FileRole::kMain, std::uint64_t(p) * 4096, page.data(), page.size());
+      auto guard =
+          c.BeforeWrite(FileRole::kMain, std::uint64_t(p) * 4096, page.data(), page.size());
     }
     { auto guard = c.BeforeUnlink(FileRole::kJournal); }
   }
@@ -168,7 +168,8 @@ TEST_F(CaptureTest, a_take_hands_over_about_a_quarter_of_the_memory_bound_at_mos
   EXPECT_EQ(budget->take_bytes(), 64u << 10);
 }
 
-TEST_F(CaptureTest, with_both_bounds_full_what_is_captured_is_dropped_and_the_snapshot_needed_is_published) {
+TEST_F(CaptureTest,
+       with_both_bounds_full_what_is_captured_is_dropped_and_the_snapshot_needed_is_published) {
   auto budget = std::make_shared<CaptureBudget>(64 << 10, 64 << 10);
   auto a = Tenant("both-full", budget);
   for (int i = 0; i < 40; ++i) Commit(*a, 2);

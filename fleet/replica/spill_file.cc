@@ -28,8 +28,8 @@ std::uint64_t SpillFile::RecordBytes(const Txn& txn) {
 
 Status SpillFile::Append(const Txn& txn) {
   if (!fd_.valid()) {
-    fd_ = UniqueFd(::openat(root_, path_.c_str(),
-                            O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+    fd_ = UniqueFd(
+        ::openat(root_, path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd_.valid()) return ErrnoStatus("making the spill file " + path_, errno);
     read_ = end_ = freed_ = 0;
   }
@@ -71,7 +71,8 @@ Result<Txn> SpillFile::Pop() {
   if (count_ == 0) return Internal("taking from the empty spill file " + path_);
   FLEETFS_ASSIGN_OR_RETURN(const Head head, ReadHead(read_));
   std::string rec(head.record_bytes, '\0');
-  FLEETFS_ASSIGN_OR_RETURN(const std::size_t got, PreadFull(fd_.get(), rec.data(), rec.size(), read_));
+  FLEETFS_ASSIGN_OR_RETURN(const std::size_t got,
+                           PreadFull(fd_.get(), rec.data(), rec.size(), read_));
   if (got != rec.size()) {
     return DataLoss("the spill file " + path_ + " ends inside the record at offset " +
                     std::to_string(read_));

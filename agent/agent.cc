@@ -543,6 +543,8 @@ int Agent::Run(std::ostream& err) {
     ro.sync_interval = config_.sync_interval;
     ro.snapshot_interval = config_.snapshot_interval;
     ro.retention = config_.retention;
+    ro.capture_memory_bytes = config_.capture_memory;
+    ro.capture_spill_bytes = config_.capture_spill;
     ro.serving_epoch = [this](Slot slot) -> std::optional<std::uint64_t> {
       for (const auto& [range, epoch] : refresher_->Serving()) {
         if (range.Contains(slot)) return epoch.value();

@@ -451,6 +451,9 @@ int PrintStatus(Json doc, std::ostream& out) {
     if (!r.value("staging_blocked", std::string()).empty()) {
       out << "\nWAITING FOR ROOM: " << Printable(r["staging_blocked"].get<std::string>());
     }
+    if (!r.value("snapshot_needed", std::string()).empty()) {
+      out << "\nSNAPSHOT NEEDED: " << Printable(r["snapshot_needed"].get<std::string>());
+    }
     out << '\n';
   } else {
     out << "\nreplication off\n";
@@ -501,6 +504,8 @@ value, the directories and the store file have passed)
   sync_interval = "1s"            # how often commits ship; 10ms to 600s
   snapshot_interval = "1h"        # a new snapshot in each tenant's log this often
   retention = "72h"               # any commit this recent can be restored
+  capture_memory = "256MiB"       # commits not yet shipped, in memory (all tenants)
+  capture_spill = "4GiB"          # beyond it, on the backing volume; "0B": none
 
 REPLICATION (with --replica)
 Every commit of a served database ships to the replica: WAL frames once
@@ -522,6 +527,14 @@ sync interval. Retention: the objects before the newest snapshot older than
 the retention go, never the log's newest; any commit within the retention
 stays restorable. A replica directory written by an older fleetfs
 (generations as directories) is refused with what to do, never read as empty.
+While the destination takes nothing, captured commits wait in memory up to
+--capture-memory for all tenants together, then in per-tenant spill files
+under BACKING/.fleetfs/spill/ up to --capture-spill (never eating into the
+reserve the snapshot spool keeps for the applications); they ship in commit
+order once it heals. Beyond both, a tenant's captured commits are dropped and
+it needs a full snapshot: logged, and in /health, the status and /metrics
+(snapshot_needed), since a destination without room for an object that large
+cannot replicate it again.
 
 BACKING VOLUME FAULTS
 Writes failing with ENOSPC make /health 503 ("the backing volume ... is
@@ -693,7 +706,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                       ->default_str("5s");
   auto* o_no_create =
       mount->add_flag("--no-create", no_create, "Refuse creating new tenant files (EPERM)");
-  std::string replica_url, sync_interval, snapshot_interval, retention;
+  std::string replica_url, sync_interval, snapshot_interval, retention, capture_memory,
+      capture_spill;
   auto* o_replica = mount->add_option("--replica", replica_url,
                                       "Replica destination (file:///ABSOLUTE/DIR), or 'off'")
                         ->default_str("off");
@@ -705,6 +719,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   auto* o_retention = mount->add_option("--retention", retention,
                                         "How long any commit stays restorable")
                           ->default_str("72h");
+  auto* o_capture_memory =
+      mount->add_option("--capture-memory", capture_memory,
+                        "Commits not yet shipped held in memory, all tenants together")
+          ->default_str("256MiB");
+  auto* o_capture_spill =
+      mount->add_option("--capture-spill", capture_spill,
+                        "Beyond it, commits spilled to the backing volume ('0B': none)")
+          ->default_str("4GiB");
 
   ReplicaArgs rargs;
   auto* replica_cmd = app.add_subcommand("replica", "Inspect a tenant's replica");
@@ -788,6 +810,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     set(o_sync, sync_interval, mount_input.sync_interval);
     set(o_snap, snapshot_interval, mount_input.snapshot_interval);
     set(o_retention, retention, mount_input.retention);
+    set(o_capture_memory, capture_memory, mount_input.capture_memory);
+    set(o_capture_spill, capture_spill, mount_input.capture_spill);
     auto config = ResolveConfig(mount_input);
     if (!config.ok()) return Fail(err, config.status());
     return RunAgent(*config, err);

@@ -26,7 +26,8 @@ namespace {
 constexpr const char* kKeys[] = {"backing", "mount",   "mode",  "owner",
                                  "ranges",  "store",   "ttl",   "admin",
                                  "no_create", "shutdown_grace", "replica", "sync_interval",
-                                 "snapshot_interval", "retention"};
+                                 "snapshot_interval", "retention", "capture_memory",
+                                 "capture_spill"};
 
 Status KeyError(std::string_view key, std::string_view what) {
   return InvalidArgument(std::string(key) + ": " + std::string(what));
@@ -36,6 +37,8 @@ bool IsDurationKey(std::string_view key) {
   return key == "ttl" || key == "shutdown_grace" || key == "sync_interval" ||
          key == "snapshot_interval" || key == "retention";
 }
+
+bool IsSizeKey(std::string_view key) { return key == "capture_memory" || key == "capture_spill"; }
 
 // Reads one key of the file as text: strings as written, the ranges list
 // joined with commas. Numbers are refused: a duration without its unit, or a
@@ -47,6 +50,10 @@ Result<std::optional<std::string>> TextKey(const toml::table& table, std::string
   if (IsDurationKey(key) && (node->is_integer() || node->is_floating_point())) {
     return KeyError(key, "a duration is a string with its unit, as in \"30s\" or \"200ms\" "
                          "(ms, s, m or h); a bare number is refused");
+  }
+  if (IsSizeKey(key) && (node->is_integer() || node->is_floating_point())) {
+    return KeyError(key, "a size is a string with its unit, as in \"256MiB\" (B, KiB, MiB, GiB "
+                         "or TiB); a bare number is refused");
   }
   if (key == "ranges") {
     const toml::array* array = node->as_array();
@@ -79,6 +86,13 @@ Status CheckAbsolute(std::string_view key, const std::string& path) {
     return KeyError(key, "'" + path + "' must be an absolute path");
   }
   return Status::Ok();
+}
+
+Result<std::uint64_t> BoundedSize(std::string_view key, const std::string& text, std::uint64_t min,
+                                  std::uint64_t max, std::string_view range) {
+  FLEETFS_ASSIGN_OR_RETURN(std::uint64_t n, ParseByteSize(key, text));
+  if (n < min || n > max) return KeyError(key, "must be between " + std::string(range));
+  return n;
 }
 
 Result<Millis> BoundedDuration(std::string_view key, const std::string& text, Millis min,
@@ -143,6 +157,12 @@ Status ApplyValue(std::string_view key, const std::string& value, AgentConfig& c
   } else if (key == "snapshot_interval") {
     FLEETFS_ASSIGN_OR_RETURN(config.snapshot_interval,
                              BoundedDuration(key, value, Millis(1000), Millis(30LL * 86'400'000)));
+  } else if (key == "capture_memory") {
+    FLEETFS_ASSIGN_OR_RETURN(config.capture_memory,
+                             BoundedSize(key, value, 1ull << 20, 1ull << 40, "1MiB and 1TiB"));
+  } else if (key == "capture_spill") {
+    FLEETFS_ASSIGN_OR_RETURN(config.capture_spill,
+                             BoundedSize(key, value, 0, 1ull << 50, "0B and 1024TiB"));
   } else if (key == "retention") {
     FLEETFS_ASSIGN_OR_RETURN(config.retention,
                              BoundedDuration(key, value, Millis(60'000),
@@ -210,6 +230,24 @@ std::string Canonical(const std::string& path) {
 
 }  // namespace
 
+Result<std::uint64_t> ParseByteSize(std::string_view key, std::string_view text) {
+  static constexpr std::pair<std::string_view, int> kUnits[] = {
+      {"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}};
+  const std::string rule = "'" + lease::Printable(text) +
+                           "': a size is a whole number and its unit, as in 256MiB (B, KiB, MiB, "
+                           "GiB or TiB)";
+  for (const auto& [unit, shift] : kUnits) {
+    if (!text.ends_with(unit)) continue;
+    const std::string_view digits = text.substr(0, text.size() - unit.size());
+    std::uint64_t n = 0;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) break;
+    if (n > (UINT64_MAX >> shift)) return KeyError(key, rule + "; too large");
+    return n << shift;
+  }
+  return KeyError(key, rule);
+}
+
 Result<Endpoint> ParseAdminEndpoint(std::string_view text) {
   const std::string rule = "'" + std::string(text) +
                            "' must be HOST:PORT on loopback (127.0.0.1:7878), or 'off': the "
@@ -248,6 +286,8 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       {"sync_interval", &input.sync_interval},
       {"snapshot_interval", &input.snapshot_interval},
       {"retention", &input.retention},
+      {"capture_memory", &input.capture_memory},
+      {"capture_spill", &input.capture_spill},
   };
   std::map<std::string_view, std::string> values;
   bool file_no_create = false;
@@ -272,7 +312,7 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
                                lease::Printable(key.str()) +
                                "'; the keys are backing, mount, mode, owner, ranges, store, ttl, "
                                "admin, no_create, shutdown_grace, replica, sync_interval, "
-                               "snapshot_interval, retention");
+                               "snapshot_interval, retention, capture_memory, capture_spill");
       }
     }
     AgentConfig scratch;  // where the file's own values are checked
@@ -297,6 +337,7 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       {"ranges", "0-16383"},        {"store", kDefaultStore},     {"ttl", "30s"},
       {"admin", kDefaultAdmin},     {"shutdown_grace", "5s"},     {"replica", "off"},
       {"sync_interval", "1s"},      {"snapshot_interval", "1h"}, {"retention", "72h"},
+      {"capture_memory", "256MiB"}, {"capture_spill", "4GiB"},
   };
   for (const auto& [key, fallback] : defaults) {
     if (values.count(key) == 0) values[key] = fallback;

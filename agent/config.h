@@ -4,6 +4,7 @@
 // Thread-safety: values and pure functions (ResolveConfig reads the file).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,13 +39,19 @@ struct AgentConfig {
   Millis sync_interval{1000};
   Millis snapshot_interval{3600 * 1000};
   Millis retention{72 * 3600 * 1000};
+  // Captured commits the destination has not taken: held in memory for all
+  // tenants together up to capture_memory, then spilled to the backing
+  // volume up to capture_spill (and what it can spare).
+  std::uint64_t capture_memory = 256ull << 20;
+  std::uint64_t capture_spill = 4ull << 30;
 };
 
 // The raw values, each as given; unset means "from the file, else the default".
 struct ConfigInput {
   std::optional<std::string> config_file;
   std::optional<std::string> backing, mountpoint, mode, owner, ranges, store, ttl, admin,
-      shutdown_grace, replica, sync_interval, snapshot_interval, retention;
+      shutdown_grace, replica, sync_interval, snapshot_interval, retention, capture_memory,
+      capture_spill;
   std::optional<bool> no_create;
 };
 
@@ -58,6 +65,10 @@ inline constexpr const char* kDefaultAdmin = "127.0.0.1:7878";
 // first bad one, an unknown key in the file, or a value of the wrong type.
 // The owner defaults to the host name.
 Result<AgentConfig> ResolveConfig(const ConfigInput& input);
+
+// "256MiB": a whole number and its unit (B, KiB, MiB, GiB or TiB). A bare
+// number is refused: a size without its unit is a guess.
+Result<std::uint64_t> ParseByteSize(std::string_view key, std::string_view text);
 
 // "127.0.0.1:7878", loopback only; "off" is handled by the caller.
 Result<Endpoint> ParseAdminEndpoint(std::string_view text);

@@ -157,6 +157,34 @@ TEST_F(ConfigTest, durations_need_their_unit_and_ranges_are_strings) {
   EXPECT_TRUE(ResolveConfig(in).ok());
 }
 
+TEST_F(ConfigTest, capture_bounds_are_sizes_with_their_unit_and_default_to_256mib_and_4gib) {
+  auto config = ResolveConfig(Input());
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->capture_memory, 256ull << 20);
+  EXPECT_EQ(config->capture_spill, 4ull << 30);
+  ConfigInput in = Input();
+  in.config_file = WriteFile("capture_memory = \"64MiB\"\ncapture_spill = \"0B\"\n");
+  config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->capture_memory, 64ull << 20);
+  EXPECT_EQ(config->capture_spill, 0u);
+  in.capture_memory = "1GiB";  // the flag wins
+  config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->capture_memory, 1ull << 30);
+  in = Input();
+  in.config_file = WriteFile("capture_memory = 268435456\n");
+  EXPECT_NE(Error(in).find("capture_memory: a size is a string with its unit"), std::string::npos);
+  for (const char* bad : {"256", "256MB", "MiB", "-1MiB", "1.5GiB", "99999999999TiB"}) {
+    in = Input();
+    in.capture_memory = bad;
+    EXPECT_NE(Error(in).find("capture_memory: '"), std::string::npos) << bad;
+  }
+  in = Input();
+  in.capture_memory = "512KiB";
+  EXPECT_NE(Error(in).find("capture_memory: must be between 1MiB and 1TiB"), std::string::npos);
+}
+
 TEST_F(ConfigTest, owner_ids_with_unicode_white_space_or_bad_bytes_are_refused) {
   ConfigInput in = Input();
   for (const char* owner : {"host-a\u00a0", "\u2003host-a", "host-a\u3000", "host-a\u200b",

@@ -98,6 +98,13 @@ constexpr ReplicationCounter kReplicationCounters[] = {
     {"prepares_refused", "fleetfs_replication_prepares_refused_total",
      "Lookups answered EAGAIN because too many restores were already waiting.",
      &RS::prepares_refused},
+    {"capture_spilled", "fleetfs_replication_capture_spilled_total",
+     "Captured transactions written to spill files because the capture memory was full.",
+     &RS::capture_spilled},
+    {"dropped_to_snapshot", "fleetfs_replication_dropped_to_snapshot_total",
+     "Times a tenant's captured commits were dropped (capture memory and spill full); each "
+     "makes it need a full snapshot.",
+     &RS::dropped_to_snapshot},
 };
 
 // The errnos that tell of a failing backing volume, counted over every op.
@@ -185,6 +192,14 @@ Json StatusJson(const AgentSnapshot& s) {
     rep["lag_p99_s"] = r.lag_p99_s;
     rep["failing"] = r.failing;
     rep["staging_blocked"] = r.staging_blocked;
+    rep["capture_memory_bytes"] = r.capture_memory_bytes;
+    rep["capture_memory_limit"] = r.capture_memory_limit;
+    rep["capture_spill_bytes"] = r.capture_spill_bytes;
+    rep["capture_spill_limit"] = r.capture_spill_limit;
+    rep["snapshot_needed_tenants"] = r.snapshot_needed_tenants;
+    rep["snapshot_needed_largest"] = r.snapshot_needed_largest;
+    rep["snapshot_needed_bytes"] = r.snapshot_needed_bytes;
+    rep["snapshot_needed"] = SnapshotNeededText(r);
     Json requests = Json::object();
     for (std::size_t k = 0; k < replica::kRequestKinds; ++k) {
       const auto kind = static_cast<replica::Request>(k);
@@ -268,20 +283,28 @@ HttpResponse Health(const AgentSnapshot& s) {
   if (backing.state == BackingState::kFull) {
     return unhealthy(backing.reason + "; still serving what fits");
   }
+  // A tenant that needs a full snapshot after a drop: the likeliest reason a
+  // destination or the spool refuses, so said beside either.
+  const std::string needed = s.replication ? SnapshotNeededText(*s.replication) : "";
+  const std::string also = needed.empty() ? "" : "; " + needed;
   if (s.replication && !s.replication->failing.empty()) {
     return unhealthy("the replicator cannot write to " + s.replica + ": " +
-                     s.replication->failing);
+                     s.replication->failing + also);
   }
   if (s.replication && !s.replication->staging_blocked.empty()) {
     // The backing volume's fault, not the destination's: say which.
-    return unhealthy("the replicator cannot stage snapshots: " + s.replication->staging_blocked);
+    return unhealthy("the replicator cannot stage snapshots: " + s.replication->staging_blocked +
+                     also);
   }
+  std::string warnings;
+  // Healthy still while uploads work: the snapshot ships next round.
+  if (!needed.empty()) warnings += "warning: " + needed + "\n";
   if (s.replication && s.replication->unshippable_tenants > 0) {
     // Healthy still: one tenant's journal mode is its application's setting,
     // and a failing health check would move every tenant of the host.
-    return HttpResponse{200, "text/plain; charset=utf-8", "ok\nwarning: " + UnshippableText(*s.replication) + "\n"};
+    warnings += "warning: " + UnshippableText(*s.replication) + "\n";
   }
-  return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
+  return HttpResponse{200, "text/plain; charset=utf-8", "ok\n" + warnings};
 }
 
 std::string UnshippableText(const replica::ReplicationStats& r) {
@@ -290,6 +313,15 @@ std::string UnshippableText(const replica::ReplicationStats& r) {
          "): written with journal_mode OFF or MEMORY, which leaves no transaction's end on "
          "disk, so a copy could be torn; each ships again, from a fresh snapshot, once it "
          "commits with a journal or WAL";
+}
+
+std::string SnapshotNeededText(const replica::ReplicationStats& r) {
+  if (r.snapshot_needed_tenants == 0) return "";
+  return std::to_string(r.snapshot_needed_tenants) +
+         " tenant(s) had captured commits dropped (the agent's capture memory and spill were "
+         "full) and now need a full snapshot; the largest, " + r.snapshot_needed_largest +
+         ", needs one of " + std::to_string(r.snapshot_needed_bytes) +
+         " bytes and cannot be replicated until the destination takes an object that large";
 }
 
 std::string MetricsText(const AgentSnapshot& s) {
@@ -407,6 +439,19 @@ std::string MetricsText(const AgentSnapshot& s) {
     help("fleetfs_replication_staging_blocked", "gauge",
          "1 while a snapshot waits for room on the backing volume (the applications' reserve).");
     out << "fleetfs_replication_staging_blocked " << (r.staging_blocked.empty() ? 0 : 1) << '\n';
+    help("fleetfs_replication_capture_memory_bytes", "gauge",
+         "Captured commits not yet shipped held in memory, all tenants together.");
+    out << "fleetfs_replication_capture_memory_bytes " << r.capture_memory_bytes << '\n';
+    help("fleetfs_replication_capture_spill_bytes", "gauge",
+         "Captured commits (and segments waiting for a retry) spilled to the backing volume.");
+    out << "fleetfs_replication_capture_spill_bytes " << r.capture_spill_bytes << '\n';
+    help("fleetfs_replication_snapshot_needed_tenants", "gauge",
+         "Tenants that need a full snapshot because their captured commits were dropped.");
+    out << "fleetfs_replication_snapshot_needed_tenants " << r.snapshot_needed_tenants << '\n';
+    help("fleetfs_replication_snapshot_needed_bytes", "gauge",
+         "The largest snapshot such a tenant needs: the destination must take an object this "
+         "large before it is replicated again.");
+    out << "fleetfs_replication_snapshot_needed_bytes " << r.snapshot_needed_bytes << '\n';
   }
   return out.str();
 }

@@ -73,9 +73,14 @@ std::string MetricsText(const AgentSnapshot& snapshot);
 // backing volume when it failed (the agent stood down) or is full, else the
 // first range whose store call failed, whose lease lapsed, or that was lost.
 // A 200 says "ok", then a warning line when tenants are not replicated
-// because of their journal mode (UnshippableText).
+// because of their journal mode (UnshippableText) or need a full snapshot
+// after a drop (SnapshotNeededText, also added to a 503's replication reason).
 HttpResponse Health(const AgentSnapshot& snapshot);
 // Why tenants are not replicated, naming one: for /health and the status.
 std::string UnshippableText(const replica::ReplicationStats& stats);
+// Tenants that need a full snapshot because their captured commits were
+// dropped (the agent's capture memory and spill were full), naming the
+// largest and its size; empty when none.
+std::string SnapshotNeededText(const replica::ReplicationStats& stats);
 
 }  // namespace fleetfs::agent

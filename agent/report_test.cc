@@ -239,6 +239,49 @@ TEST(Report, a_snapshot_waiting_for_room_on_the_backing_volume_is_named_in_healt
   EXPECT_NE(MetricsText(s).find("fleetfs_replication_staging_blocked 1\n"), std::string::npos);
 }
 
+TEST(Report, a_tenant_that_needs_a_full_snapshot_after_a_drop_is_named_with_its_size) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replica = "file:///r";
+  s.replication = replica::ReplicationStats{};
+  s.replication->dropped_to_snapshot = 3;
+  s.replication->snapshot_needed_tenants = 2;
+  s.replication->snapshot_needed_largest = "042/acme.db";
+  s.replication->snapshot_needed_bytes = 7340032;
+  s.replication->capture_memory_bytes = 1024;
+  s.replication->capture_spill_bytes = 4096;
+  const std::string words = "042/acme.db, needs one of 7340032 bytes and cannot be replicated "
+                            "until the destination takes an object that large";
+  // Uploads work: healthy, with the warning (the snapshot ships next round).
+  HttpResponse health = Health(s);
+  EXPECT_EQ(health.status, 200);
+  EXPECT_NE(health.body.find(words), std::string::npos) << health.body;
+  // The destination refuses: the reason says what it must take.
+  s.replication->failing = "No space left on device";
+  health = Health(s);
+  EXPECT_EQ(health.status, 503);
+  EXPECT_NE(health.body.find("No space left on device; 2 tenant(s) had captured commits dropped"),
+            std::string::npos) << health.body;
+  EXPECT_NE(health.body.find(words), std::string::npos) << health.body;
+  const auto rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["dropped_to_snapshot"], 3);
+  EXPECT_EQ(rep["snapshot_needed_tenants"], 2);
+  EXPECT_EQ(rep["snapshot_needed_largest"], "042/acme.db");
+  EXPECT_EQ(rep["snapshot_needed_bytes"], 7340032);
+  EXPECT_NE(rep["snapshot_needed"].get<std::string>().find(words), std::string::npos);
+  const std::string metrics = MetricsText(s);
+  for (const char* line : {"fleetfs_replication_dropped_to_snapshot_total 3\n",
+                           "fleetfs_replication_snapshot_needed_tenants 2\n",
+                           "fleetfs_replication_snapshot_needed_bytes 7340032\n",
+                           "fleetfs_replication_capture_memory_bytes 1024\n",
+                           "fleetfs_replication_capture_spill_bytes 4096\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line;
+  }
+  // None: nothing said.
+  s.replication = replica::ReplicationStats{};
+  EXPECT_EQ(StatusJson(s)["replication"]["snapshot_needed"], "");
+  EXPECT_EQ(Health(s).body, "ok\n");
+}
+
 TEST(Report, unshippable_tenants_are_counted_and_named_in_status_metrics_and_health) {
   auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
   s.replica = "file:///r";

@@ -24,6 +24,8 @@
 #include "fleet/replica/log_reader.h"
 #include "fleet/replica/log_writer.h"
 #include "fleet/replica/ship_decision.h"
+#include "fleet/replica/spill_file.h"
+#include "fleet/fd_io.h"
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
 #include "fleet/wal_format.h"
@@ -151,6 +153,7 @@ class Replicator::Impl {
   WallMs NowMs() const { return o_.wall->NowMs(); }
   const WallClock* wall() const { return o_.wall; }
   void CountCaptureFailure() { ++counters_.capture_failures; }
+  const std::shared_ptr<CaptureBudget>& budget() const { return budget_; }
 
  private:
   struct Flight {
@@ -188,6 +191,8 @@ class Replicator::Impl {
   // of the commits since the last, before it).
   Status StageSnapshot(Tenant& t, bool periodic);
   Status AppendPendingSegment(KeyLog& k, const FleetFile& main, Capture* capture);
+  // An upload of the pending segment failed: it waits for the next one.
+  void SpoolPendingSegment(KeyLog& k);
   Status AppendPendingSnapshot(KeyLog& k, const FleetFile& main, Capture* capture);
   void Prune(KeyLog& k, const FleetFile& main);  // retention, after a new snapshot
   void UploadTombstones();
@@ -252,11 +257,20 @@ class Replicator::Impl {
   void RecordFailure(const Status& st);
   // OK when a snapshot of `t` may be staged on the backing volume now.
   Status CheckSpoolRoom(const Tenant& t);
+  struct Room {
+    std::optional<std::uint64_t> free_bytes;  // nullopt when unknown
+    std::uint64_t reserve = 0;                // kept for the applications
+  };
+  // What the backing volume has free, and the reserve the spool (and the
+  // spill) never take.
+  Room BackingRoom() const;
   void RecordSuccess();
   void RecordLag(WallMs commit_ms, WallMs shipped_ms);
 
   ReplicatorOptions o_;
   UniqueFd root_;
+  // Every tenant's captured commits, in memory and spilled (made at Start).
+  std::shared_ptr<CaptureBudget> budget_;
 
   // Guards the four below. Held only while they are read or changed: never
   // across I/O or while taking a Tenant's lock, so Stats() may take it.
@@ -311,8 +325,25 @@ class Replicator::Impl {
 // a tenant deleted and made again, a restore and a tombstone all go through
 // the one writer (two writers of one key at one epoch would each take the
 // other's objects for corruption).
+// A segment taken from a capture and not yet in the log, retried byte for
+// byte until it lands. Its first upload goes from memory; once one fails it
+// waits in an unnamed spool file, as a snapshot does (charged to the spill
+// bound), so an outage holds no memory for it.
+struct PendingSegment {
+  std::optional<EncodedLogObject> object;  // in memory
+  UniqueFd file;                           // or spooled
+  std::uint64_t checksum = 0;
+  std::uint64_t bytes = 0;
+  std::vector<WallMs> commit_ms;  // its commits, for the lag once it lands
+  // Of the capture budget: for `file`, or for `object` kept across rounds
+  // when it could not be spooled.
+  std::uint64_t spill_held = 0;
+  std::uint64_t memory_held = 0;
+};
+
 struct KeyLog {
-  KeyLog(Destination& dest, std::string dir) : writer(dest, std::move(dir)) {}
+  KeyLog(Destination& dest, std::string dir, CaptureBudget* budget)
+      : writer(dest, std::move(dir)), budget(budget) {}
 
   // Serializes the key's shipping, takeovers, restores' markers and
   // tombstones. Order: mu, then a capture's locks, then Tenant::mu_.
@@ -338,8 +369,8 @@ struct KeyLog {
   // Objects whose create got no clear answer: they may have landed, so they
   // are retried byte for byte (a different object at the same sequence would
   // be taken for corruption) before anything else follows them.
-  std::optional<EncodedLogObject> pending_segment;
-  std::vector<Txn> pending_txns;
+  CaptureBudget* const budget;  // the Impl's, which outlives every KeyLog's use
+  std::optional<PendingSegment> pending_segment;
   UniqueFd pending_snapshot;
   std::uint64_t pending_snapshot_sum = 0;
   std::uint64_t pending_gap_mark = 0;
@@ -347,10 +378,15 @@ struct KeyLog {
   // the next snapshot covers their commits (still in the local file).
   bool DropPending() {
     const bool had = pending_segment.has_value() || pending_snapshot.valid();
-    pending_segment.reset();
-    pending_txns.clear();
+    EndPendingSegment();
     pending_snapshot.Reset();
     return had;
+  }
+  void EndPendingSegment() {
+    if (!pending_segment) return;
+    budget->ReleaseSpill(pending_segment->spill_held);
+    budget->ReleaseMemory(pending_segment->memory_held);
+    pending_segment.reset();
   }
 };
 
@@ -358,7 +394,7 @@ class Tenant final {
  public:
   Tenant(Replicator::Impl& r, FleetFile main, std::shared_ptr<KeyLog> log)
       : capture_(std::make_shared<Capture>(
-            CaptureOptions{r.root(), r.wall(), [&r] { r.CountCaptureFailure(); }},
+            CaptureOptions{r.root(), r.wall(), r.budget(), [&r] { r.CountCaptureFailure(); }},
             std::move(main))),
         log_(std::move(log)),
         continuable_(ShippedState(r.root(), capture_->main())) {}
@@ -405,11 +441,33 @@ Status Replicator::Impl::Start() {
   root_ = UniqueFd(::open(o_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root_.valid()) return ErrnoStatus("opening the backing directory " + o_.backing, errno);
   ::mkdirat(root_.get(), ".fleetfs", 0700);
-  for (std::string_view dir : {kMarkerDir, kSpoolDir, kDeletedDir}) {
+  for (std::string_view dir : {kMarkerDir, kSpoolDir, kDeletedDir, kSpillDir}) {
     if (::mkdirat(root_.get(), std::string(dir).c_str(), 0700) != 0 && errno != EEXIST) {
       return ErrnoStatus("making " + o_.backing + "/" + std::string(dir), errno);
     }
   }
+  // Spill files hold nothing a restart needs: each spilled tenant kept its
+  // unshipped marker, so it ships from a snapshot.
+  if (UniqueFd sfd(::openat(root_.get(), std::string(kSpillDir).c_str(),
+                            O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      sfd.valid()) {
+    if (DIR* d = ::fdopendir(sfd.get())) {
+      sfd.Release();
+      std::vector<std::string> names;
+      while (dirent* e = ::readdir(d)) {
+        if (std::string_view n = e->d_name; n != "." && n != "..") names.emplace_back(n);
+      }
+      for (const std::string& n : names) ::unlinkat(::dirfd(d), n.c_str(), 0);
+      ::closedir(d);
+    }
+  }
+  budget_ = std::make_shared<CaptureBudget>(
+      std::max<std::uint64_t>(o_.capture_memory_bytes, 1), o_.capture_spill_bytes,
+      [this]() -> std::optional<std::uint64_t> {
+        const Room room = BackingRoom();
+        if (!room.free_bytes) return std::nullopt;
+        return *room.free_bytes > room.reserve ? *room.free_bytes - room.reserve : 0;
+      });
   if (Status probe = o_.destination->Probe(); !probe.ok()) {
     return probe.WithContext("the replica destination cannot be written");
   }
@@ -549,7 +607,7 @@ std::shared_ptr<Tenant> Replicator::Impl::TenantFor(const FleetFile& main, bool 
 std::shared_ptr<KeyLog> Replicator::Impl::LogFor(const FleetFile& main) {
   std::lock_guard lock(tenants_mu_);
   auto& k = logs_[main.main_path];
-  if (!k) k = std::make_shared<KeyLog>(*o_.destination, LogDir(main));
+  if (!k) k = std::make_shared<KeyLog>(*o_.destination, LogDir(main), budget_.get());
   return k;
 }
 
@@ -1012,27 +1070,54 @@ Status Replicator::Impl::Settle(KeyLog& k, const FleetFile& main, const LogWrite
 
 Status Replicator::Impl::AppendPendingSegment(KeyLog& k, const FleetFile& main, Capture* capture) {
   if (!k.pending_segment) return Status::Ok();
-  FLEETFS_ASSIGN_OR_RETURN(const LogWriteOutcome out,
-                           k.writer.Append(*k.pending_segment, Ceiling(k.writer.position().epoch)));
+  PendingSegment& p = *k.pending_segment;
+  const std::uint64_t ceiling = Ceiling(k.writer.position().epoch);
+  auto appended = p.object ? k.writer.Append(*p.object, ceiling)
+                           : k.writer.AppendFile(p.file.get(), p.checksum, ceiling);
+  if (!appended.ok()) {
+    SpoolPendingSegment(k);
+    return appended.status();
+  }
+  const LogWriteOutcome& out = *appended;
   if (out.kind != LogWriteKind::kAppended) {
     k.DropPending();
     if (capture) capture->MarkGap();
     return Settle(k, main, out);
   }
-  const std::uint64_t bytes = k.pending_segment->bytes.size();
-  std::vector<Txn> txns = std::move(k.pending_txns);
-  k.pending_segment.reset();
-  k.pending_txns.clear();
+  const std::uint64_t bytes = p.bytes;
+  const std::vector<WallMs> commits = std::move(p.commit_ms);
+  k.EndPendingSegment();
   k.last_data = ShippedStamp{out.seq, k.writer.position().prev, {}};
-  k.commits_since_snapshot += txns.size();
+  k.commits_since_snapshot += commits.size();
   if (capture) capture->Shipped();
   const WallMs now = NowMs();
-  for (const Txn& x : txns) RecordLag(x.commit_ms, now);
-  counters_.txns_shipped += txns.size();
+  for (WallMs ms : commits) RecordLag(ms, now);
+  counters_.txns_shipped += commits.size();
   counters_.bytes_shipped += bytes;
   ++counters_.segments;
   absent_.Forget(main.main_path);
   return Status::Ok();
+}
+
+void Replicator::Impl::SpoolPendingSegment(KeyLog& k) {
+  PendingSegment& p = *k.pending_segment;
+  if (!p.object) return;  // spooled already
+  if (budget_->TakeSpill(p.bytes)) {
+    UniqueFd fd(::openat(root_.get(), std::string(kSpoolDir).c_str(),
+                         O_RDWR | O_TMPFILE | O_CLOEXEC, 0600));
+    if (fd.valid() && WriteAll(fd.get(), p.object->bytes.data(), p.object->bytes.size()).ok()) {
+      p.file = std::move(fd);
+      p.object.reset();
+      p.spill_held = p.bytes;
+      return;
+    }
+    budget_->ReleaseSpill(p.bytes);
+  }
+  // No room on disk: it stays in memory, and counts there.
+  if (p.memory_held == 0) {
+    budget_->ForceMemory(p.bytes);
+    p.memory_held = p.bytes;
+  }
 }
 
 Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main, Capture* capture) {
@@ -1076,8 +1161,12 @@ Status Replicator::Impl::ShipSegment(Tenant& t) {
       t.capture().MarkGap();
       return encoded.status().WithContext("encoding a segment of " + t.main().main_path);
     }
-    k.pending_segment = std::move(*encoded);
-    k.pending_txns = std::move(txns);
+    PendingSegment p;
+    p.checksum = encoded->checksum;
+    p.bytes = encoded->bytes.size();
+    p.object = std::move(*encoded);
+    for (const Txn& x : txns) p.commit_ms.push_back(x.commit_ms);
+    k.pending_segment = std::move(p);
   }
   return AppendPendingSegment(k, t.main(), &t.capture());
 }
@@ -1090,9 +1179,7 @@ Status Replicator::Impl::ShipSnapshot(Tenant& t, bool periodic) {
   if (t.IsDeleted()) {
     // Deleted during the copy: the name may already hold a new file, whose
     // writes this tenant's gate did not hold back. Nothing of it ships.
-    k.pending_segment.reset();
-    k.pending_txns.clear();
-    k.pending_snapshot.Reset();
+    k.DropPending();
     return Status(Code::kFailedPrecondition, t.main().main_path + " was deleted during its snapshot");
   }
   FLEETFS_RETURN_IF_ERROR(AppendPendingSegment(k, t.main(), &t.capture()));
@@ -1135,8 +1222,11 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
     if (step > 0) scan = t.capture().Scan();
     MaybeContinue(k, t, serving);
     const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
+    // Not while a backlog waits (after an outage): it ships as segments
+    // first, so the segment ahead of the snapshot is small.
     const bool snapshot_due = k.base && k.commits_since_snapshot > 0 &&
-                              NowMs() - k.last_snapshot_ms >= o_.snapshot_interval.count();
+                              NowMs() - k.last_snapshot_ms >= o_.snapshot_interval.count() &&
+                              t.capture().captured_bytes() <= budget_->take_bytes();
     // Nothing written since it was shipped (or checked): nothing to do, at
     // whatever epoch; a tenant merely opened never costs a takeover.
     const bool dirty = scan.unshipped || scan.has_captured || pending;
@@ -1252,17 +1342,7 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
 Status Replicator::Impl::CheckSpoolRoom(const Tenant& t) {
   struct stat st;
   if (::fstatat(root_.get(), t.main().main_path.c_str(), &st, 0) != 0) return Status::Ok();
-  std::optional<std::uint64_t> free_bytes;
-  std::uint64_t volume_bytes = 0;
-  if (o_.backing_free_bytes) {
-    free_bytes = o_.backing_free_bytes();
-  } else if (struct statvfs vfs; ::fstatvfs(root_.get(), &vfs) == 0) {
-    free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
-    volume_bytes = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
-  }
-  const std::uint64_t reserve =
-      o_.spool_reserve_bytes != 0 ? o_.spool_reserve_bytes
-                                  : std::clamp<std::uint64_t>(volume_bytes / 20, 4ull << 20, 1ull << 30);
+  const auto [free_bytes, reserve] = BackingRoom();
   if (!free_bytes) return Status::Ok();
   // zstd never grows data by more than this (ZSTD_compressBound), plus the header.
   const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
@@ -1285,6 +1365,21 @@ Status Replicator::Impl::CheckSpoolRoom(const Tenant& t) {
   return Status(Code::kFailedPrecondition, blocked);
 }
 
+Replicator::Impl::Room Replicator::Impl::BackingRoom() const {
+  Room room;
+  std::uint64_t volume_bytes = 0;
+  if (o_.backing_free_bytes) {
+    room.free_bytes = o_.backing_free_bytes();
+  } else if (struct statvfs vfs; ::fstatvfs(root_.get(), &vfs) == 0) {
+    room.free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    volume_bytes = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  }
+  room.reserve = o_.spool_reserve_bytes != 0
+                     ? o_.spool_reserve_bytes
+                     : std::clamp<std::uint64_t>(volume_bytes / 20, 4ull << 20, 1ull << 30);
+  return room;
+}
+
 Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   KeyLog& k = t.log();
   // Short: the shipping thread serves every tenant, and a hot journal left
@@ -1296,7 +1391,20 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   if (!held.ok()) return held.status();
   Capture::SnapshotHold hold = std::move(*held);
   const std::uint64_t gap_mark = hold.gap_mark();
-  std::vector<Txn> before = hold.TakeCaptured();
+  // The commits the copy covers: a periodic snapshot ships them first as a
+  // segment (read whole: only a small backlog, which Sync waits for); any
+  // other only needs their times.
+  std::vector<Txn> before;
+  std::vector<WallMs> covered;
+  if (periodic) {
+    if (hold.CapturedBytes() > budget_->take_bytes()) {
+      return Status(Code::kFailedPrecondition,
+                    t.main().main_path + " ships its backlog as segments before its snapshot");
+    }
+    before = hold.TakeCaptured();
+  } else {
+    covered = hold.ForgetCaptured();
+  }
   LogPosition at = k.writer.position();
   std::optional<EncodedLogObject> segment;
   if (periodic && !before.empty()) {
@@ -1371,11 +1479,16 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   // The hold ends as this returns: the uploads happen after, retried byte
   // for byte until they land.
   if (segment) {
-    k.pending_segment = std::move(*segment);
-    k.pending_txns = std::move(before);
+    PendingSegment p;
+    p.checksum = segment->checksum;
+    p.bytes = segment->bytes.size();
+    p.object = std::move(*segment);
+    for (const Txn& x : before) p.commit_ms.push_back(x.commit_ms);
+    k.pending_segment = std::move(p);
   } else {
     const WallMs now = NowMs();
     for (const Txn& x : before) RecordLag(x.commit_ms, now);
+    for (WallMs ms : covered) RecordLag(ms, now);
   }
   k.pending_snapshot = std::move(out);
   k.pending_snapshot_sum = *sum;
@@ -1931,9 +2044,25 @@ ReplicationStats Replicator::Impl::Stats() const {
     s.lag_p50_s = lags[lags.size() / 2];
     s.lag_p99_s = lags[std::min(lags.size() - 1, lags.size() * 99 / 100)];
   }
+  if (budget_) {
+    s.capture_memory_bytes = budget_->memory_used();
+    s.capture_memory_peak = budget_->memory_peak();
+    s.capture_memory_limit = budget_->memory_limit();
+    s.capture_spill_bytes = budget_->spill_used();
+    s.capture_spill_limit = budget_->spill_limit();
+    s.capture_spilled = budget_->spilled.load();
+    s.dropped_to_snapshot = budget_->drops.load();
+  }
   std::lock_guard lock(tenants_mu_);
   s.tenants = tenants_.size();
   for (auto& [k, t] : tenants_) {
+    if (const std::uint64_t needed = t->capture().dropped_bytes(); needed != 0) {
+      ++s.snapshot_needed_tenants;
+      if (needed > s.snapshot_needed_bytes) {
+        s.snapshot_needed_bytes = needed;
+        s.snapshot_needed_largest = t->main().main_path;
+      }
+    }
     if (t->capture().unshipped()) ++s.unshipped_tenants;
     if (t->capture().unshippable()) {
       if (s.unshippable_tenants++ == 0) s.unshippable_example = t->main().main_path;

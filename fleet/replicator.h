@@ -4,8 +4,14 @@
 // Capture (fleet/replica/capture.h). The mount calls the TenantWatch hooks
 // before a change reaches a backing file; each tenant's Capture turns them
 // into committed transactions (WAL frames read at the last moment they can
-// be, journaled commits read back when the journal ends), held in memory
-// until the shipper takes them; a commit waits at most for that local copy.
+// be, journaled commits read back when the journal ends), held until the
+// shipper takes them; a commit waits at most for that local copy. They are
+// held in memory up to one bound for the whole agent (capture_memory_bytes),
+// beyond it in per-tenant spill files under BACKING/.fleetfs/spill/ up to a
+// second (capture_spill_bytes, and what the volume can spare); beyond both a
+// tenant's are dropped and it needs a full snapshot, which Stats reports
+// (issue 10 item 11). A segment whose upload failed waits in a spool file,
+// not in memory.
 // A tenant whose journal mode leaves no trace of a transaction's end (OFF,
 // MEMORY) is not shipped at all until it commits with a journal or WAL again.
 //
@@ -89,6 +95,16 @@ struct ReplicatorOptions {
   // for the applications after it; 0: 5% of the volume, at least 4 MiB and
   // at most 1 GiB. A snapshot that would eat into it waits, and says why.
   std::uint64_t spool_reserve_bytes = 0;
+  // Captured commits the destination has not taken, held in memory for all
+  // tenants together; beyond it they spill to disk. The segment being built
+  // or uploaded (a quarter of it at most, taken out of it) comes on top.
+  std::uint64_t capture_memory_bytes = 256ull << 20;
+  // Spilled commits (and segments waiting for a retry) on the backing
+  // volume, for all tenants together; never more than the volume can spare
+  // while keeping the spool's reserve. Beyond it (and the memory bound) a
+  // tenant's captured commits are dropped: it needs a full snapshot. 0: no
+  // spill.
+  std::uint64_t capture_spill_bytes = 4ull << 30;
   // The epoch this host serves `slot` at now, if it serves it; nullopt once
   // the local lease has ended (the agent answers from its refresher, which
   // reads the monotonic clock). Asked again right before a restore publishes.
@@ -131,6 +147,23 @@ struct ReplicationStats {
   // Why a snapshot could not be staged on the backing volume (too little
   // room left for the applications); empty when snapshots stage.
   std::string staging_blocked;
+  // Captured commits held now (memory: page bytes; spill: file bytes), the
+  // most held in memory at once, and the bounds.
+  std::uint64_t capture_memory_bytes = 0;
+  std::uint64_t capture_memory_peak = 0;
+  std::uint64_t capture_memory_limit = 0;
+  std::uint64_t capture_spill_bytes = 0;
+  std::uint64_t capture_spill_limit = 0;
+  std::uint64_t capture_spilled = 0;  // transactions written to spill files
+  // Times a tenant's captured commits were dropped because both bounds were
+  // full (each makes it need a full snapshot).
+  std::uint64_t dropped_to_snapshot = 0;
+  // Tenants that need a full snapshot because their captured commits were
+  // dropped, until it ships; the largest of them, and its size (what the
+  // destination must take in one object before it is replicated again).
+  std::size_t snapshot_needed_tenants = 0;
+  std::string snapshot_needed_largest;
+  std::uint64_t snapshot_needed_bytes = 0;
   double lag_p50_s = 0;  // commit to shipped, over the last shipped commits
   double lag_p99_s = 0;
 };

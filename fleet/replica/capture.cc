@@ -14,11 +14,8 @@
 namespace fleetfs::replica {
 namespace {
 
-// Captured transactions kept in memory while the destination does not take
-// them; beyond this they are dropped and the next generation starts with a
-// snapshot (a gap), so memory stays bounded and nothing committed is lost
-// locally.
-constexpr std::uint64_t kMaxCapturedBytes = 256ull << 20;
+// A capture without the agent's budget (tests of the capture alone).
+constexpr std::uint64_t kOwnMemoryBytes = 256ull << 20;
 constexpr std::uint8_t kJournalMagic[8] = {0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7};
 // Database header bytes 18 and 19 (the file format write and read versions):
 // 2 in WAL mode, 1 in rollback-journal modes.
@@ -49,8 +46,50 @@ std::string MarkerName(const FleetFile& main) {
   return m;
 }
 
+// ---- the agent's budget ----
+
+bool CaptureBudget::TakeMemory(std::uint64_t n) {
+  std::uint64_t used = memory_used_.load();
+  do {
+    if (used + n > memory_limit_) return false;
+  } while (!memory_used_.compare_exchange_weak(used, used + n));
+  NotePeak(memory_peak_, used + n);
+  return true;
+}
+
+void CaptureBudget::ForceMemory(std::uint64_t n) { NotePeak(memory_peak_, memory_used_ += n); }
+
+bool CaptureBudget::TakeSpill(std::uint64_t n) {
+  // The volume's room first: it shrinks as spill files (and anything else)
+  // grow, and is read at most once per record.
+  if (spill_room_) {
+    if (auto room = spill_room_(); room && *room < n) return false;
+  }
+  std::uint64_t used = spill_used_.load();
+  do {
+    if (used + n > spill_limit_) return false;
+  } while (!spill_used_.compare_exchange_weak(used, used + n));
+  NotePeak(spill_peak_, used + n);
+  return true;
+}
+
+std::uint64_t CaptureBudget::take_bytes() const {
+  return std::clamp<std::uint64_t>(memory_limit_ / 4, 64ull << 10, 64ull << 20);
+}
+
+void CaptureBudget::NotePeak(std::atomic<std::uint64_t>& peak, std::uint64_t now) {
+  std::uint64_t p = peak.load();
+  while (now > p && !peak.compare_exchange_weak(p, now)) {
+  }
+}
+
+// ---- the capture ----
+
 Capture::Capture(CaptureOptions options, FleetFile main)
-    : o_(std::move(options)), main_(std::move(main)) {
+    : o_(std::move(options)),
+      main_(std::move(main)),
+      budget_(o_.budget ? o_.budget : std::make_shared<CaptureBudget>(kOwnMemoryBytes, 0)),
+      spill_(o_.root, std::string(kSpillDir) + "/" + MarkerName(main_)) {
   // What is on disk now: a WAL in use, or a hot journal left by a crash.
   struct stat st;
   wal_exists_ = ::fstatat(o_.root, (main_.main_path + "-wal").c_str(), &st, 0) == 0;
@@ -58,6 +97,11 @@ Capture::Capture(CaptureOptions options, FleetFile main)
   std::uint8_t magic[8] = {};
   journal_hot_ = j.valid() && ::pread(j.get(), magic, 8, 0) == 8 &&
                  std::memcmp(magic, kJournalMagic, 8) == 0;
+}
+
+Capture::~Capture() {
+  std::lock_guard lock(mu_);
+  ClearCapturedLocked();
 }
 
 // ---- the hooks ----
@@ -173,7 +217,7 @@ CaptureScan Capture::Scan() {
   }
   std::lock_guard lock(mu_);
   CaptureScan s;
-  s.has_captured = !captured_.empty();
+  s.has_captured = CountLocked() > 0;
   s.gap = need_generation_;
   s.unshipped = marker_present_;
   s.unshippable = unshippable_;
@@ -192,7 +236,7 @@ bool Capture::SettleIdle(const CaptureScan& scan) {
     commit_seen_.clear();
     PublishLocked();
   }
-  if (!journal_hot_ && commit_seen_.empty() && !need_generation_ && captured_.empty()) {
+  if (!journal_hot_ && commit_seen_.empty() && !need_generation_ && CountLocked() == 0) {
     RemoveMarkerLocked();
   }
   return !marker_present_ || !need_generation_;
@@ -200,27 +244,54 @@ bool Capture::SettleIdle(const CaptureScan& scan) {
 
 bool Capture::SettleShipped(const CaptureScan& scan) {
   std::lock_guard lock(mu_);
-  if (captured_.empty() && !need_generation_ && writes_seen_ == scan.writes && !journal_hot_ &&
+  if (CountLocked() == 0 && !need_generation_ && writes_seen_ == scan.writes && !journal_hot_ &&
       commit_seen_.empty()) {
     RemoveMarkerLocked();
     return true;
   }
-  return captured_.empty() && !need_generation_;
+  return CountLocked() == 0 && !need_generation_;
 }
 
 bool Capture::HasShippable() {
   std::lock_guard lock(mu_);
-  return !captured_.empty() && shippable_ > 0;
+  return CountLocked() > 0 && shippable_ > 0;
 }
 
 std::vector<Txn> Capture::Take() {
   std::lock_guard lock(mu_);
-  const std::size_t n = std::min(captured_.size(), shippable_);
-  std::vector<Txn> txns(std::make_move_iterator(captured_.begin()),
-                        std::make_move_iterator(captured_.begin() + static_cast<std::ptrdiff_t>(n)));
-  captured_.erase(captured_.begin(), captured_.begin() + static_cast<std::ptrdiff_t>(n));
-  if (shippable_ != SIZE_MAX) shippable_ -= n;
-  for (const Txn& t : txns) captured_bytes_ -= t.Bytes();
+  const std::uint64_t most = budget_->take_bytes();
+  const std::size_t n = std::min(CountLocked(), shippable_);
+  std::vector<Txn> txns;
+  std::uint64_t bytes = 0;
+  while (txns.size() < n && (txns.empty() || bytes < most)) {
+    if (!captured_.empty()) {
+      const std::uint64_t b = captured_.front().Bytes();
+      captured_bytes_ -= b;
+      budget_->ReleaseMemory(b);
+      bytes += b;
+      txns.push_back(std::move(captured_.front()));
+      captured_.pop_front();
+      continue;
+    }
+    auto txn = spill_.Pop();
+    if (!txn.ok()) {
+      // What is left there is lost here (the main file still holds it): the
+      // ones taken still ship, nothing after them does.
+      budget_->ReleaseSpill(spill_.disk_bytes());
+      spill_.Clear();
+      if (shippable_ != SIZE_MAX) shippable_ -= txns.size();
+      CaptureFailedLocked("spilled commits", txn.status().message());
+      return txns;
+    }
+    bytes += txn->Bytes();
+    txns.push_back(std::move(*txn));
+  }
+  budget_->ReleaseSpill(spill_.Trim());
+  if (budget_->spill_used() == 0 && budget_->spilling.exchange(false)) {
+    spdlog::info("replica: every spilled commit is taken; captured commits are held in memory "
+                 "again");
+  }
+  if (shippable_ != SIZE_MAX) shippable_ -= txns.size();
   // Not published: until Shipped or Return, the lag still counts them.
   return txns;
 }
@@ -228,11 +299,18 @@ std::vector<Txn> Capture::Take() {
 void Capture::Return(std::vector<Txn> txns) {
   std::lock_guard lock(mu_);
   for (auto it = txns.rbegin(); it != txns.rend(); ++it) {
-    captured_bytes_ += it->Bytes();
+    const std::uint64_t b = it->Bytes();
+    captured_bytes_ += b;
+    budget_->ForceMemory(b);  // rare (a segment that cannot be encoded), and a gap follows
     captured_.push_front(std::move(*it));
   }
   if (shippable_ != SIZE_MAX) shippable_ += txns.size();
   PublishLocked();
+}
+
+std::uint64_t Capture::captured_bytes() {
+  std::lock_guard lock(mu_);
+  return captured_bytes_ + spill_.live_bytes();
 }
 
 void Capture::Shipped() {
@@ -251,6 +329,13 @@ void Capture::ClearGap(std::uint64_t gap_mark) {
   need_generation_ = false;
   shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them
   unshipped_since_ms_ = 0;  // the next write starts it again
+  if (drop_episode_) {
+    drop_episode_ = false;
+    dropped_bytes_pub_.store(0);
+    spdlog::info("replica: {} shipped the snapshot it needed after its captured commits were "
+                 "dropped; it ships segments again",
+                 main_.main_path);
+  }
   PublishLocked();
 }
 
@@ -265,8 +350,9 @@ void Capture::MarkUnshipped() {
 void Capture::Drop() {
   std::lock_guard lock(mu_);
   dropped_ = true;
-  captured_.clear();
-  captured_bytes_ = 0;
+  ClearCapturedLocked();
+  drop_episode_ = false;
+  dropped_bytes_pub_.store(0);
   PublishLocked();
   RemoveMarkerLocked();
 }
@@ -276,8 +362,9 @@ void Capture::Reset() {
   std::lock_guard lock(mu_);
   cursor_ = {};
   commit_seen_.clear();
-  captured_.clear();
-  captured_bytes_ = 0;
+  ClearCapturedLocked();
+  drop_episode_ = false;  // another file: what it needs is its own
+  dropped_bytes_pub_.store(0);
   journal_hot_ = false;
   dirty_.clear();
   wal_exists_ = false;
@@ -342,20 +429,48 @@ Capture::SnapshotHold::~SnapshotHold() {
   c_->gate_.Unlock();
 }
 
+std::uint64_t Capture::SnapshotHold::CapturedBytes() {
+  std::lock_guard lock(c_->mu_);
+  return c_->captured_bytes_ + c_->spill_.live_bytes();
+}
+
 std::vector<Txn> Capture::SnapshotHold::TakeCaptured() {
   std::lock_guard lock(c_->mu_);
   std::vector<Txn> txns(std::make_move_iterator(c_->captured_.begin()),
                         std::make_move_iterator(c_->captured_.end()));
-  c_->captured_.clear();
-  c_->captured_bytes_ = 0;
+  while (!c_->spill_.empty()) {
+    auto txn = c_->spill_.Pop();
+    if (!txn.ok()) {
+      // The snapshot covers them all the same; only the segment ahead of it
+      // (a periodic snapshot's) loses the points in time after this one.
+      spdlog::warn("replica: {}: {}", c_->main_.main_path, txn.status().message());
+      break;
+    }
+    txns.push_back(std::move(*txn));
+  }
+  c_->ClearCapturedLocked();
   if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
   c_->PublishLocked();
   return txns;
 }
 
+std::vector<WallMs> Capture::SnapshotHold::ForgetCaptured() {
+  std::lock_guard lock(c_->mu_);
+  std::vector<WallMs> times;
+  times.reserve(c_->CountLocked());
+  for (const Txn& t : c_->captured_) times.push_back(t.commit_ms);
+  if (auto spilled = c_->spill_.CommitTimes(); spilled.ok()) {
+    times.insert(times.end(), spilled->begin(), spilled->end());
+  }
+  c_->ClearCapturedLocked();
+  if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
+  c_->PublishLocked();
+  return times;
+}
+
 void Capture::SnapshotHold::CaptureFailed() {
   std::lock_guard lock(c_->mu_);
-  c_->MarkGapLocked(c_->captured_.size());
+  c_->MarkGapLocked(c_->CountLocked());
   if (c_->o_.on_failure) c_->o_.on_failure();
 }
 
@@ -380,7 +495,11 @@ void Capture::NoteWriteLocked() {
 // after every change of captured_ or commit_seen_, with mu_ held.
 void Capture::PublishLocked() {
   WallMs o = 0;
-  if (!captured_.empty()) o = captured_.front().commit_ms;
+  if (!captured_.empty()) {
+    o = captured_.front().commit_ms;
+  } else if (!spill_.empty()) {
+    o = spill_.front_ms();
+  }
   if (!commit_seen_.empty() && (o == 0 || commit_seen_.begin()->second < o)) {
     o = commit_seen_.begin()->second;
   }
@@ -402,7 +521,7 @@ void Capture::CaptureFailedLocked(std::string_view what, const std::string& why)
                 "generation with a snapshot",
                 what, main_.main_path, why);
   // What was captured before the failure still belongs to the generation.
-  MarkGapLocked(captured_.size());
+  MarkGapLocked(CountLocked());
   if (o_.on_failure) o_.on_failure();
 }
 
@@ -412,7 +531,7 @@ void Capture::MarkGapLocked(std::size_t keep) {
   need_generation_ = true;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   ++gaps_;
-  shippable_ = std::min({shippable_, keep, captured_.size()});
+  shippable_ = std::min({shippable_, keep, CountLocked()});
 }
 
 void Capture::RemoveMarkerLocked() {
@@ -436,6 +555,9 @@ void Capture::LearnWalPageSize() {
 }
 
 void Capture::PushLocked(Txn txn) {
+  // Deleted: never shipped, and a tenant made again under the name spills
+  // to the same file name.
+  if (dropped_) return;
   if (unshippable_) {
     // A commit with a journal or a WAL: transactions' ends are on disk again.
     // The gap marked on entry makes the next shipment a fresh snapshot.
@@ -445,17 +567,57 @@ void Capture::PushLocked(Txn txn) {
                  "with a snapshot",
                  main_.main_path);
   }
-  captured_bytes_ += txn.Bytes();
-  captured_.push_back(std::move(txn));
-  if (captured_bytes_ > kMaxCapturedBytes) {
-    spdlog::warn("replica: {} has {} MiB of commits the destination has not taken; dropping "
-                 "them, the next generation starts with a snapshot",
-                 main_.main_path, captured_bytes_ >> 20);
-    captured_.clear();
-    captured_bytes_ = 0;
-    MarkGapLocked(0);
+  // The snapshot a drop made necessary grows with the database.
+  if (drop_episode_ && txn.db_size > dropped_bytes_pub_.load()) dropped_bytes_pub_.store(txn.db_size);
+  const std::uint64_t bytes = txn.Bytes();
+  if (spill_.empty() && budget_->TakeMemory(bytes)) {
+    captured_bytes_ += bytes;
+    captured_.push_back(std::move(txn));
+  } else if (budget_->TakeSpill(SpillFile::RecordBytes(txn))) {
+    if (Status st = spill_.Append(txn); !st.ok()) {
+      budget_->ReleaseSpill(SpillFile::RecordBytes(txn));
+      spdlog::error("replica: {}: {}", main_.main_path, st.message());
+      DropCapturedLocked(txn);
+    } else {
+      ++budget_->spilled;
+      if (!budget_->spilling.exchange(true)) {
+        spdlog::warn("replica: the agent's capture memory ({} bytes) is full of commits the "
+                     "destination has not taken; later ones (the first of {}) spill to "
+                     "BACKING/{} until shipping drains them",
+                     budget_->memory_limit(), main_.main_path, std::string(kSpillDir));
+      }
+    }
+  } else {
+    DropCapturedLocked(txn);
   }
   PublishLocked();
+}
+
+void Capture::DropCapturedLocked(const Txn& incoming) {
+  const std::uint64_t held = captured_bytes_ + spill_.live_bytes() + incoming.Bytes();
+  ClearCapturedLocked();
+  MarkGapLocked(0);
+  ++budget_->drops;
+  // The database after the newest commit: what the snapshot will hold (in
+  // WAL mode most of it may still be in the log).
+  const std::uint64_t size = std::max<std::uint64_t>(incoming.db_size, 1);
+  dropped_bytes_pub_.store(size);
+  if (drop_episode_) return;
+  drop_episode_ = true;
+  spdlog::error("replica: {}: {} bytes of commits the destination has not taken, and the agent's "
+                "capture memory ({} bytes) and spill space ({} bytes, or what the backing volume "
+                "can spare) are full; they are dropped, and the tenant now needs a full snapshot "
+                "of {} bytes: it cannot be replicated until the destination takes an object that "
+                "large",
+                main_.main_path, held, budget_->memory_limit(), budget_->spill_limit(), size);
+}
+
+void Capture::ClearCapturedLocked() {
+  captured_.clear();
+  budget_->ReleaseMemory(captured_bytes_);
+  captured_bytes_ = 0;
+  budget_->ReleaseSpill(spill_.disk_bytes());
+  spill_.Clear();
 }
 
 // Reads the commits the log holds after the cursor. Called with capture_mu_
@@ -544,7 +706,7 @@ void Capture::UnjournaledWriteLocked(std::uint64_t offset, const char* data, std
   unshippable_ = true;
   unshippable_pub_.store(true);
   // What was captured before still belongs to the generation; nothing after.
-  MarkGapLocked(captured_.size());
+  MarkGapLocked(CountLocked());
   spdlog::error("replica: {} was written with no journal on disk and not in WAL mode "
                 "(journal_mode OFF or MEMORY): no transaction's end is visible, so a copy could "
                 "be torn; nothing of it is shipped until it commits with a journal or WAL, then "

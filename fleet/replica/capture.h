@@ -18,6 +18,13 @@
 // that lost its place marks a gap: the next shipment is a snapshot, and what
 // was captured after the gap never goes into the generation before it.
 //
+// Bounds. Captured commits wait in memory while the agent's CaptureBudget
+// allows (one bound for every tenant: an outage once grew memory by 256 MiB
+// per tenant), then in the tenant's spill file (spill_file.h), in commit
+// order. Beyond both they are dropped with a gap, logged once per episode
+// and reported (dropped_bytes()): the tenant then needs a full snapshot,
+// which a destination short of room may never take.
+//
 // Journal mode OFF or MEMORY. A main-file write with no hot journal while the
 // database is not in WAL mode (header bytes 18 and 19 are 2 in WAL mode)
 // leaves nothing on disk that marks a transaction's end, so any copy could be
@@ -46,13 +53,16 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fleet/clock.h"
 #include "fleet/layout.h"
+#include "fleet/replica/spill_file.h"
 #include "fleet/replica_object.h"
 #include "fleet/status.h"
 #include "fleet/tenant_hooks.h"
@@ -68,9 +78,69 @@ inline constexpr std::string_view kUnshippedMarkerDir = ".fleetfs/unshipped";
 // its main file's path with the bucket's slash made a dash.
 std::string MarkerName(const FleetFile& main);
 
+// The agent's bound on captured commits the destination has not taken,
+// shared by every tenant's Capture: in memory up to `memory_bytes`, then in
+// spill files up to `spill_bytes` and no further than `spill_room` says the
+// backing volume can spare. Bytes are those of the pages written (memory)
+// and of the spill records (disk).
+//
+// Thread-safety: atomics; any thread.
+class CaptureBudget {
+ public:
+  // `spill_room`: bytes the backing volume can give spill files now, beyond
+  // what they hold (its free space less the applications' reserve); nullopt
+  // when unknown. Unset: only `spill_bytes` bounds them.
+  CaptureBudget(std::uint64_t memory_bytes, std::uint64_t spill_bytes,
+                std::function<std::optional<std::uint64_t>()> spill_room = nullptr)
+      : memory_limit_(memory_bytes), spill_limit_(spill_bytes), spill_room_(std::move(spill_room)) {}
+
+  // True when `n` more bytes fit in memory (they are then held).
+  bool TakeMemory(std::uint64_t n);
+  // Held whatever the bound: what must stay in memory (a segment that can
+  // neither land nor be spooled, transactions handed back).
+  void ForceMemory(std::uint64_t n);
+  void ReleaseMemory(std::uint64_t n) { memory_used_ -= n; }
+  // True when `n` more bytes fit on disk (they are then held).
+  bool TakeSpill(std::uint64_t n);
+  void ReleaseSpill(std::uint64_t n) { spill_used_ -= n; }
+
+  // The most one Take hands the shipper: a quarter of the memory bound,
+  // within [64 KiB, 64 MiB], so a segment being built or uploaded adds
+  // little to it, and a backlog drains in objects of a sensible size.
+  std::uint64_t take_bytes() const;
+
+  std::uint64_t memory_limit() const { return memory_limit_; }
+  std::uint64_t spill_limit() const { return spill_limit_; }
+  std::uint64_t memory_used() const { return memory_used_.load(); }
+  std::uint64_t memory_peak() const { return memory_peak_.load(); }
+  std::uint64_t spill_used() const { return spill_used_.load(); }
+  std::uint64_t spill_peak() const { return spill_peak_.load(); }
+
+  // Counted by the captures.
+  std::atomic<std::uint64_t> spilled{0};  // transactions written to spill files
+  std::atomic<std::uint64_t> drops{0};    // times a tenant's captured commits were dropped
+  // Set from the first spill until shipping drains every spill file: the
+  // first of an episode is logged, once for the agent.
+  std::atomic<bool> spilling{false};
+
+ private:
+  void NotePeak(std::atomic<std::uint64_t>& peak, std::uint64_t now);
+
+  const std::uint64_t memory_limit_;
+  const std::uint64_t spill_limit_;
+  const std::function<std::optional<std::uint64_t>()> spill_room_;
+  std::atomic<std::uint64_t> memory_used_{0};
+  std::atomic<std::uint64_t> memory_peak_{0};
+  std::atomic<std::uint64_t> spill_used_{0};
+  std::atomic<std::uint64_t> spill_peak_{0};
+};
+
 struct CaptureOptions {
   int root = -1;                    // the backing directory; must outlive the capture
   const WallClock* wall = nullptr;  // commit times; must outlive the capture
+  // Shared by every tenant of the agent. Unset: a budget of the capture's
+  // own, 256 MiB in memory and no spill.
+  std::shared_ptr<CaptureBudget> budget;
   // Called once per capture that failed (each forces a snapshot), with the
   // capture's lock held: it must only count.
   std::function<void()> on_failure;
@@ -92,6 +162,8 @@ class Capture final : public TenantWatch {
 
   // Reads what is on disk now: a WAL in use, or a hot journal left by a crash.
   Capture(CaptureOptions options, FleetFile main);
+  // Gives back to the budget what it holds, and removes its spill file.
+  ~Capture() override;
   Capture(const Capture&) = delete;
   Capture& operator=(const Capture&) = delete;
 
@@ -118,11 +190,15 @@ class Capture final : public TenantWatch {
   // True when Take would return something.
   bool HasShippable();
   // Takes, oldest first, the captured transactions that may go into the
-  // current generation (none captured after a gap). The lag still counts
-  // them until Shipped or Return.
+  // current generation (none captured after a gap), from memory then from
+  // the spill file, about budget take_bytes() at most (at least one). They
+  // are the caller's now, out of the budget; the lag still counts them until
+  // Shipped or Return.
   std::vector<Txn> Take();
-  // Their upload failed: back in front, in order.
+  // They cannot ship as taken: back in front, in order (held in memory).
   void Return(std::vector<Txn> txns);
+  // Bytes captured and not taken, in memory and spilled.
+  std::uint64_t captured_bytes();
   // Their upload landed.
   void Shipped();
   // The next shipment must be a snapshot, and nothing captured so far goes
@@ -145,6 +221,10 @@ class Capture final : public TenantWatch {
   Result<SnapshotHold> HoldForSnapshot(Millis journal_wait);
 
   // Read without a lock.
+  // Since captured commits were dropped (both bounds full) until the
+  // snapshot that fills the gap ships: the main file's size then, the
+  // snapshot the tenant needs; 0 otherwise.
+  std::uint64_t dropped_bytes() const { return dropped_bytes_pub_.load(); }
   bool unshipped() const { return unshipped_.load(); }
   bool unshippable() const { return unshippable_pub_.load(); }
   WallMs oldest_pending_ms() const { return oldest_pending_ms_.load(); }
@@ -157,6 +237,12 @@ class Capture final : public TenantWatch {
   void RemoveMarkerLocked();
   void LearnWalPageSize();
   void PushLocked(Txn txn);
+  // Both bounds are full when `incoming` comes: what is captured goes with
+  // it, and a gap is marked.
+  void DropCapturedLocked(const Txn& incoming);
+  // Forgets everything captured (memory and spill), releasing the budget.
+  void ClearCapturedLocked();
+  std::size_t CountLocked() const { return captured_.size() + spill_.size(); }
   void CaptureWal();
   void FinishJournalLocked();
   // A main-file write at `offset` with no hot journal and no WAL.
@@ -165,6 +251,7 @@ class Capture final : public TenantWatch {
 
   const CaptureOptions o_;
   const FleetFile main_;
+  const std::shared_ptr<CaptureBudget> budget_;  // o_.budget, or the capture's own
   WriteGate gate_;
   std::mutex capture_mu_;  // serializes reading the WAL; guards cursor_
   wal::WalCursor cursor_;
@@ -177,8 +264,15 @@ class Capture final : public TenantWatch {
   bool journal_hot_ = false;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> dirty_;
   bool want_snapshot_ = false;
+  // Captured, oldest first: captured_ (in memory, charged to the budget),
+  // then spill_ (once anything is spilled, every later commit is too, until
+  // it empties, so commit order holds).
   std::deque<Txn> captured_;
-  std::uint64_t captured_bytes_ = 0;
+  std::uint64_t captured_bytes_ = 0;  // of captured_
+  SpillFile spill_;
+  // Captured commits were dropped and the snapshot that fills the gap has
+  // not shipped: logged once per such episode.
+  bool drop_episode_ = false;
   bool need_generation_ = true;
   WallMs unshipped_since_ms_ = 0;  // the first write not yet shipped; 0 when all is
   // While a gap is open: how many of captured_ (from the front) may still go
@@ -195,6 +289,7 @@ class Capture final : public TenantWatch {
   std::atomic<bool> unshipped_{false};         // marker_present_
   std::atomic<bool> unshippable_pub_{false};   // unshippable_
   std::atomic<WallMs> oldest_pending_ms_{0};   // oldest commit not yet shipped; 0: none
+  std::atomic<std::uint64_t> dropped_bytes_pub_{0};
 };
 
 // The write gate held alone, and the WAL cursor: nothing of the tenant
@@ -205,8 +300,14 @@ class Capture::SnapshotHold {
   SnapshotHold& operator=(SnapshotHold&&) = delete;
   ~SnapshotHold();
 
+  // Bytes captured up to now (in memory and spilled).
+  std::uint64_t CapturedBytes();
   // Everything captured up to now, oldest first: the snapshot covers it.
+  // Reads the spill file whole: only for a backlog known to be small.
   std::vector<Txn> TakeCaptured();
+  // Everything captured up to now is forgotten (the snapshot covers it);
+  // returns the commit times, oldest first.
+  std::vector<WallMs> ForgetCaptured();
   // The copy could not read what it needed: a capture failure (a gap).
   void CaptureFailed();
   // The gap count at this hold, for ClearGap once the copy is shipped.

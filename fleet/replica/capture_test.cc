@@ -1,0 +1,210 @@
+// The capture's bounds (issue 10 item 11): every tenant's captured commits
+// share one CaptureBudget, spill to their SpillFile beyond it, and are
+// dropped with a gap beyond both. Rollback-journal commits are reported
+// through the hooks as the mount reports them; a counting clock makes every
+// commit's time its position.
+#include "fleet/replica/capture.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fleet/unique_fd.h"
+
+namespace fleetfs::replica {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Each reading is one later than the one before.
+class CountingWallClock final : public WallClock {
+ public:
+  WallMs NowMs() const override { return ++now_; }
+
+ private:
+  mutable std::atomic<WallMs> now_{0};
+};
+
+Txn Commit(WallMs ms, std::size_t bytes) {
+  Txn t;
+  t.commit_ms = ms;
+  t.db_size = 1 << 20;
+  t.writes.push_back(PageWrite{4096, std::string(bytes, static_cast<char>('a' + ms % 26))});
+  t.writes.push_back(PageWrite{0, "header"});
+  return t;
+}
+
+class CaptureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("fleetfs-capture-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / ".fleetfs" / "spill");
+    fs::create_directories(dir_ / ".fleetfs" / "unshipped");
+    root_ = UniqueFd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tenant's main file of 8 pages, and its capture.
+  std::unique_ptr<Capture> Tenant(const std::string& name, std::shared_ptr<CaptureBudget> budget) {
+    const FleetFile main = *ParseFleetPath(FleetMode::kTenant, TenantPath(name));
+    fs::create_directories(dir_ / fs::path(main.main_path).parent_path());
+    std::ofstream(dir_ / main.main_path, std::ios::binary) << std::string(8 * 4096, 'm');
+    return std::make_unique<Capture>(CaptureOptions{root_.get(), &wall_, std::move(budget), {}},
+                                     main);
+  }
+
+  // One rollback-journal commit of `pages` pages, as the mount reports it.
+  static void Commit(Capture& c, int pages) {
+    const char magic[8] = {'\xd9', '\xd5', '\x05', '\xf9', '\x20', '\xa1', '\x63', '\xd7'};
+    { auto guard = c.BeforeWrite(FileRole::kJournal, 0, magic, sizeof magic); }
+    const std::string page(4096, 'p');
+    for (int p = 0; p < pages; ++p) {
+      auto guard =
+          c.BeforeWrite(FileRole::kMain, std::uint64_t(p) * 4096, page.data(), page.size());
+    }
+    { auto guard = c.BeforeUnlink(FileRole::kJournal); }
+  }
+
+  // Every transaction Take gives until none is left, in the order given.
+  static std::vector<Txn> TakeAll(Capture& c) {
+    std::vector<Txn> all;
+    for (auto txns = c.Take(); !txns.empty(); txns = c.Take()) {
+      for (Txn& t : txns) all.push_back(std::move(t));
+    }
+    return all;
+  }
+
+  fs::path dir_;
+  UniqueFd root_;
+  CountingWallClock wall_;
+};
+
+TEST(SpillFile, records_come_back_in_order_with_their_bytes_and_the_file_goes_once_empty) {
+  const fs::path dir = fs::temp_directory_path() / ("fleetfs-spill-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  UniqueFd root(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  {
+    SpillFile spill(root.get(), "t.spill");
+    EXPECT_FALSE(fs::exists(dir / "t.spill")) << "made before anything spilled";
+    for (WallMs ms = 1; ms <= 40; ++ms) ASSERT_TRUE(spill.Append(Commit(ms, 3000)).ok());
+    EXPECT_EQ(fs::status(dir / "t.spill").permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(spill.size(), 40u);
+    EXPECT_EQ(spill.front_ms(), 1);
+    auto times = spill.CommitTimes();
+    ASSERT_TRUE(times.ok());
+    EXPECT_EQ(times->size(), 40u);
+    EXPECT_EQ(times->back(), 40);
+    for (WallMs ms = 1; ms <= 30; ++ms) {
+      auto t = spill.Pop();
+      ASSERT_TRUE(t.ok()) << t.status().message();
+      EXPECT_EQ(t->commit_ms, ms);
+      ASSERT_EQ(t->writes.size(), 2u);
+      EXPECT_EQ(t->writes[0].offset, 4096u);
+      EXPECT_EQ(t->writes[0].data, std::string(3000, static_cast<char>('a' + ms % 26)));
+      EXPECT_EQ(t->writes[1].data, "header");
+    }
+    const std::uint64_t before = spill.disk_bytes();
+    const std::uint64_t freed = spill.Trim();
+    EXPECT_GT(freed, 0u) << "the taken front was not punched out";
+    EXPECT_EQ(spill.disk_bytes(), before - freed);
+    EXPECT_EQ(spill.front_ms(), 31);
+    while (!spill.empty()) ASSERT_TRUE(spill.Pop().ok());
+    spill.Trim();
+    EXPECT_EQ(spill.disk_bytes(), 0u);
+    EXPECT_FALSE(fs::exists(dir / "t.spill")) << "an empty spill file stayed";
+  }
+  fs::remove_all(dir);
+}
+
+TEST_F(CaptureTest, tenants_sharing_a_budget_hold_no_more_than_it_and_spill_the_rest_in_order) {
+  auto budget = std::make_shared<CaptureBudget>(64 << 10, 16 << 20);
+  auto a = Tenant("budget-a", budget);
+  auto b = Tenant("budget-b", budget);
+  // 40 commits of two pages each per tenant: 320 KiB each, 64 KiB for both.
+  for (int i = 0; i < 40; ++i) {
+    Commit(*a, 2);
+    Commit(*b, 2);
+    EXPECT_LE(budget->memory_used(), 64u << 10);
+  }
+  EXPECT_LE(budget->memory_peak(), 64u << 10);
+  EXPECT_GT(budget->spill_used(), 500u << 10);
+  EXPECT_EQ(budget->drops.load(), 0u);
+  EXPECT_TRUE(fs::exists(dir_ / ".fleetfs" / "spill" / MarkerName(a->main())));
+  EXPECT_TRUE(fs::exists(dir_ / ".fleetfs" / "spill" / MarkerName(b->main())));
+
+  // Memory first, then the spill: commit order, whatever part was where.
+  for (Capture* c : {a.get(), b.get()}) {
+    std::vector<Txn> all = TakeAll(*c);
+    ASSERT_EQ(all.size(), 40u);
+    for (std::size_t i = 1; i < all.size(); ++i) {
+      EXPECT_LT(all[i - 1].commit_ms, all[i].commit_ms) << "out of commit order at " << i;
+    }
+    EXPECT_EQ(all.back().writes.size(), 2u);
+    EXPECT_FALSE(fs::exists(dir_ / ".fleetfs" / "spill" / MarkerName(c->main())))
+        << "an empty spill file stayed";
+  }
+  EXPECT_EQ(budget->memory_used(), 0u);
+  EXPECT_EQ(budget->spill_used(), 0u);
+}
+
+TEST_F(CaptureTest, a_take_hands_over_about_a_quarter_of_the_memory_bound_at_most) {
+  auto budget = std::make_shared<CaptureBudget>(256 << 10, 16 << 20);
+  auto a = Tenant("take-size", budget);
+  for (int i = 0; i < 100; ++i) Commit(*a, 1);
+  std::vector<Txn> first = a->Take();
+  std::uint64_t bytes = 0;
+  for (const Txn& t : first) bytes += t.Bytes();
+  EXPECT_GE(bytes, budget->take_bytes());
+  EXPECT_LT(bytes, budget->take_bytes() + 4096 + 1);
+  EXPECT_EQ(budget->take_bytes(), 64u << 10);
+}
+
+TEST_F(CaptureTest,
+       with_both_bounds_full_what_is_captured_is_dropped_and_the_snapshot_needed_is_published) {
+  auto budget = std::make_shared<CaptureBudget>(64 << 10, 64 << 10);
+  auto a = Tenant("both-full", budget);
+  for (int i = 0; i < 40; ++i) Commit(*a, 2);
+  EXPECT_GE(budget->drops.load(), 1u);
+  EXPECT_EQ(a->dropped_bytes(), 8u * 4096) << "not the size of the snapshot it needs";
+  EXPECT_LE(budget->memory_peak(), 64u << 10);
+  EXPECT_LE(budget->spill_peak(), 64u << 10);
+  const CaptureScan scan = a->Scan();
+  EXPECT_TRUE(scan.gap) << "dropped commits left no gap";
+  EXPECT_FALSE(a->HasShippable()) << "commits after the drop would follow the old tail";
+  // The snapshot that fills the gap ships: the need is no longer reported.
+  std::uint64_t mark = 0;
+  {
+    auto hold = a->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    mark = hold->gap_mark();
+    (void)hold->ForgetCaptured();
+  }
+  a->ClearGap(mark);
+  EXPECT_EQ(a->dropped_bytes(), 0u);
+  EXPECT_EQ(budget->memory_used(), 0u);
+  EXPECT_EQ(budget->spill_used(), 0u);
+}
+
+TEST_F(CaptureTest, a_capture_that_ends_gives_its_bytes_back_to_the_budget) {
+  auto budget = std::make_shared<CaptureBudget>(64 << 10, 16 << 20);
+  {
+    auto a = Tenant("ends", budget);
+    for (int i = 0; i < 20; ++i) Commit(*a, 2);
+    ASSERT_GT(budget->spill_used(), 0u);
+  }
+  EXPECT_EQ(budget->memory_used(), 0u);
+  EXPECT_EQ(budget->spill_used(), 0u);
+  EXPECT_TRUE(fs::is_empty(dir_ / ".fleetfs" / "spill"));
+}
+
+}  // namespace
+}  // namespace fleetfs::replica

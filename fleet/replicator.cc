@@ -1109,6 +1109,10 @@ void Replicator::Impl::SpoolPendingSegment(KeyLog& k) {
       p.file = std::move(fd);
       p.object.reset();
       p.spill_held = p.bytes;
+      // Held in memory by an earlier failure (the disk was full then): it
+      // is on disk now, and counts there only.
+      budget_->ReleaseMemory(p.memory_held);
+      p.memory_held = 0;
       return;
     }
     budget_->ReleaseSpill(p.bytes);
@@ -1217,7 +1221,11 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
   bool shipped = false;
   // The caller of Decide does what it names and asks again: a new epoch is
   // check, marker, snapshot, then what was captured meanwhile.
-  for (int step = 0; step < 6; ++step) {
+  // Segments do not count against the steps: a backlog larger than one
+  // take ships whole in the round (a small capture bound must not cap a
+  // tenant's throughput), bounded only by the hard limit.
+  int steps = 0;
+  for (int step = 0; step < 6 && steps < 4096; ++step, ++steps) {
     if (t.IsDeleted()) return true;  // deleted meanwhile: its tombstone is shipped on its own
     if (step > 0) scan = t.capture().Scan();
     MaybeContinue(k, t, serving);
@@ -1293,6 +1301,7 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
         break;
       case ShipAction::kSegment:
         st = ShipSegment(t);
+        --step;
         break;
     }
     if (st.code() == Code::kFailedPrecondition) {

@@ -1759,5 +1759,33 @@ TEST_F(ReplicatorTest, spilled_commits_left_by_a_stop_ship_from_a_snapshot_after
   EXPECT_EQ(copy.Ids(), Range(0, 300));
 }
 
+TEST_F(ReplicatorTest, a_small_capture_bound_does_not_cap_a_healthy_tenants_throughput) {
+  ReplicatorOptions o = Options();
+  o.capture_memory_bytes = 1 << 20;
+  o.backing_free_bytes = [] { return std::optional<std::uint64_t>(1ull << 40); };
+  Start(std::move(o));
+  const FleetFile k = Main("fast-writer");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA synchronous=OFF");
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 10);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  for (int round = 0; round < 3; ++round) {
+    // About 3 MiB of commits per round, three times the bound.
+    db.Exec("BEGIN");
+    for (int i = 0; i < 1000; ++i) {
+      db.Exec("INSERT INTO t(pad) VALUES (randomblob(3000))");
+    }
+    db.Exec("COMMIT");
+    EXPECT_TRUE(rep_->Flush(MonoTime{})) << "round " << round << ": one pass left commits behind";
+  }
+  EXPECT_EQ(rep_->Stats().dropped_to_snapshot, 0u);
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 3010);
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

@@ -132,6 +132,12 @@ class Agent {
   std::shared_ptr<replica::CountingDestination> destination_;
   std::unique_ptr<vfs::FleetFs> fs_;
   std::atomic<vfs::FleetFs*> fs_for_readers_{nullptr};  // set once mounted; read by any thread
+  // The view the mount has now (set after it took it): a range is reported
+  // serving only once its files can be looked up, never from the claim's
+  // answer alone (a client that waits for "serving" and opens at once must
+  // find its file). Read by any thread.
+  mutable std::mutex published_mu_;
+  std::shared_ptr<const vfs::ServingView> published_;
   std::unique_ptr<AdminServer> admin_;
 
   std::mutex posted_mu_;  // guards posted_; never held across I/O
@@ -235,7 +241,9 @@ std::shared_ptr<const vfs::ServingView> Agent::BuildView() {
 
 void Agent::Publish() {
   auto view = BuildView();
-  if (fs_) fs_->Publish(std::move(view));
+  if (fs_) fs_->Publish(view);
+  std::lock_guard lock(published_mu_);
+  published_ = fs_ ? std::move(view) : nullptr;
 }
 
 // ---- time ----
@@ -479,8 +487,17 @@ AgentSnapshot Agent::Snapshot() const {
   // steady_clock is CLOCK_MONOTONIC: other processes can compare with it.
   s.monotonic_now_s = std::chrono::duration<double>(s.mono_now.time_since_epoch()).count();
   vfs::FleetFs* fs = fs_for_readers_.load();
+  std::shared_ptr<const vfs::ServingView> published;
+  {
+    std::lock_guard lock(published_mu_);
+    published = published_;
+  }
   for (lease::RangeStatus& st : refresher_->Status()) {
     std::size_t open = fs ? fs->OpenHandlesIn(st.range.first(), st.range.last()) : 0;
+    if (st.serving) {
+      const vfs::ServedRange* in = published ? published->Find(st.range.first(), s.mono_now) : nullptr;
+      if (in == nullptr || !st.epoch || in->token.epoch != st.epoch->value()) st.serving = false;
+    }
     s.ranges.push_back(RangeSnapshot{std::move(st), open});
   }
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();

@@ -1223,11 +1223,15 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
   // check, marker, snapshot, then what was captured meanwhile.
   // Segments do not count against the steps: a backlog larger than one
   // take ships whole in the round (a small capture bound must not cap a
-  // tenant's throughput), bounded only by the hard limit.
+  // tenant's throughput). Between segments the WAL is not read again, so a
+  // tenant written flat out drains what it had, and the round moves on to
+  // the others instead of chasing its new commits.
   int steps = 0;
-  for (int step = 0; step < 6 && steps < 4096; ++step, ++steps) {
+  bool rescan = false;
+  for (int step = 0; step < 6 && steps < 256; ++step, ++steps) {
     if (t.IsDeleted()) return true;  // deleted meanwhile: its tombstone is shipped on its own
-    if (step > 0) scan = t.capture().Scan();
+    if (rescan) scan = t.capture().Scan();
+    rescan = true;
     MaybeContinue(k, t, serving);
     const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
     // Not while a backlog waits (after an outage): it ships as segments
@@ -1302,6 +1306,8 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
       case ShipAction::kSegment:
         st = ShipSegment(t);
         --step;
+        rescan = false;
+        scan.has_captured = t.capture().HasShippable();  // what is left of the backlog
         break;
     }
     if (st.code() == Code::kFailedPrecondition) {

@@ -207,6 +207,9 @@ class Replicator::Impl {
   // True when the file's shipped stamp is the log's newest data and nothing
   // unshipped was written to it since (item 12: no snapshot needed).
   bool IsShippedState(const FleetFile& main, std::uint64_t epoch);
+  // Whether the log's newest data (before its trailing markers) is the
+  // object `stamp` names.
+  bool LogEndsAt(const FleetFile& main, std::uint64_t epoch, const ShippedStamp& stamp);
   // Item 12: a tenant whose file is the log's newest data continues the log
   // with segments after this epoch's marker, with no snapshot. Under k.mu.
   void MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::uint64_t> serving);
@@ -330,6 +333,15 @@ class Replicator::Impl {
 // waits in an unnamed spool file, as a snapshot does (charged to the spill
 // bound), so an outage holds no memory for it.
 struct PendingSegment {
+  // A segment encoded in memory, before its first upload.
+  static PendingSegment Of(EncodedLogObject object, const std::vector<Txn>& txns) {
+    PendingSegment p;
+    p.checksum = object.checksum;
+    p.bytes = object.bytes.size();
+    p.object = std::move(object);
+    for (const Txn& x : txns) p.commit_ms.push_back(x.commit_ms);
+    return p;
+  }
   std::optional<EncodedLogObject> object;  // in memory
   UniqueFd file;                           // or spooled
   std::uint64_t checksum = 0;
@@ -872,8 +884,13 @@ Result<std::optional<ShippedStamp>> Replicator::Impl::DataBeforeMarkers(const Fl
 bool Replicator::Impl::IsShippedState(const FleetFile& main, std::uint64_t epoch) {
   const std::optional<ShippedStamp> stamp = Tenant::ShippedState(root_.get(), main);
   if (!stamp) return false;
+  return LogEndsAt(main, epoch, *stamp);
+}
+
+bool Replicator::Impl::LogEndsAt(const FleetFile& main, std::uint64_t epoch,
+                                 const ShippedStamp& stamp) {
   auto data = DataBeforeMarkers(main, epoch);
-  return data.ok() && *data && (*data)->seq == stamp->seq && (*data)->checksum == stamp->checksum;
+  return data.ok() && *data && (*data)->seq == stamp.seq && (*data)->checksum == stamp.checksum;
 }
 
 void Replicator::Impl::MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::uint64_t> serving) {
@@ -884,10 +901,7 @@ void Replicator::Impl::MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::ui
   if (!CheckedAt(t.main(), *serving)) return;
   t.continue_tried_ = true;
   const std::optional<ShippedStamp>& stamp = t.continuable_;
-  auto data = DataBeforeMarkers(t.main(), *serving);
-  if (!data.ok() || !*data || (*data)->seq != stamp->seq || (*data)->checksum != stamp->checksum) {
-    return;
-  }
+  if (!LogEndsAt(t.main(), *serving, *stamp)) return;
   k.base = true;
   k.last_data = *stamp;
   // The snapshot interval counts from here: the base's own time is unknown,
@@ -1165,12 +1179,7 @@ Status Replicator::Impl::ShipSegment(Tenant& t) {
       t.capture().MarkGap();
       return encoded.status().WithContext("encoding a segment of " + t.main().main_path);
     }
-    PendingSegment p;
-    p.checksum = encoded->checksum;
-    p.bytes = encoded->bytes.size();
-    p.object = std::move(*encoded);
-    for (const Txn& x : txns) p.commit_ms.push_back(x.commit_ms);
-    k.pending_segment = std::move(p);
+    k.pending_segment = PendingSegment::Of(std::move(*encoded), txns);
   }
   return AppendPendingSegment(k, t.main(), &t.capture());
 }
@@ -1494,12 +1503,7 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   // The hold ends as this returns: the uploads happen after, retried byte
   // for byte until they land.
   if (segment) {
-    PendingSegment p;
-    p.checksum = segment->checksum;
-    p.bytes = segment->bytes.size();
-    p.object = std::move(*segment);
-    for (const Txn& x : before) p.commit_ms.push_back(x.commit_ms);
-    k.pending_segment = std::move(p);
+    k.pending_segment = PendingSegment::Of(std::move(*segment), before);
   } else {
     const WallMs now = NowMs();
     for (const Txn& x : before) RecordLag(x.commit_ms, now);

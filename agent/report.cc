@@ -101,6 +101,10 @@ constexpr ReplicationCounter kReplicationCounters[] = {
     {"capture_spilled", "fleetfs_replication_capture_spilled_total",
      "Captured transactions written to spill files because the capture memory was full.",
      &RS::capture_spilled},
+    {"tenant_visits", "fleetfs_replication_tenant_visits_total",
+     "Tenants the shipper looked at, over all rounds (only those written or with something "
+     "left to ship are).",
+     &RS::tenant_visits},
     {"dropped_to_snapshot", "fleetfs_replication_dropped_to_snapshot_total",
      "Times a tenant's captured commits were dropped (capture memory and spill full); each "
      "makes it need a full snapshot.",
@@ -185,6 +189,7 @@ Json StatusJson(const AgentSnapshot& s) {
     Json rep = {{"replica", s.replica}};
     for (const ReplicationCounter& c : kReplicationCounters) rep[std::string(c.json)] = r.*c.value;
     rep["tenants"] = r.tenants;
+    rep["tenants_active"] = r.active_tenants;
     rep["tenants_unshipped"] = r.unshipped_tenants;
     rep["tenants_unshippable"] = r.unshippable_tenants;
     rep["unshippable_example"] = r.unshippable_example;
@@ -431,6 +436,9 @@ std::string MetricsText(const AgentSnapshot& s) {
          "Commit-to-shipped time over the last shipped commits.");
     out << "fleetfs_replication_lag_seconds{quantile=\"0.5\"} " << r.lag_p50_s << '\n';
     out << "fleetfs_replication_lag_seconds{quantile=\"0.99\"} " << r.lag_p99_s << '\n';
+    help("fleetfs_replication_active_tenants", "gauge",
+         "Tenants the shipper visits each round: written, or with something left to ship.");
+    out << "fleetfs_replication_active_tenants " << r.active_tenants << '\n';
     help("fleetfs_replication_unshippable_tenants", "gauge",
          "Tenants not replicated because they are written with journal_mode OFF or MEMORY.");
     out << "fleetfs_replication_unshippable_tenants " << r.unshippable_tenants << '\n';

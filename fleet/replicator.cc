@@ -16,6 +16,7 @@
 #include <limits>
 #include <list>
 #include <map>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -123,6 +124,7 @@ struct Counters {
   std::atomic<std::uint64_t> absent_listed{0};
   std::atomic<std::uint64_t> prepares_refused{0};
   std::atomic<std::uint64_t> continued{0};
+  std::atomic<std::uint64_t> visits{0};
 };
 
 }  // namespace
@@ -153,6 +155,9 @@ class Replicator::Impl {
   WallMs NowMs() const { return o_.wall->NowMs(); }
   const WallClock* wall() const { return o_.wall; }
   void CountCaptureFailure() { ++counters_.capture_failures; }
+  // The tenant of `main_path` has something for the next round to look at.
+  // Called with its capture's lock held: takes active_mu_ only.
+  void Activate(const std::string& main_path);
   const std::shared_ptr<CaptureBudget>& budget() const { return budget_; }
 
  private:
@@ -184,6 +189,17 @@ class Replicator::Impl {
   bool Sync(Tenant& t, bool snapshots = true, bool* deferred = nullptr);
   // Whether a tenant Sync answered `shipped` for leaves the round clean.
   bool Counted(Tenant& t, bool shipped);
+  // The tenants a round visits: the active ones, and those whose periodic
+  // snapshot fell due. Each comes with its activation count at this moment.
+  std::vector<std::pair<std::string, std::uint64_t>> ActiveNow();
+  // The active tenants that exist, for the operators' figures (no I/O).
+  std::vector<std::shared_ptr<Tenant>> ActiveTenants() const;
+  // A round visited the tenant (activation count `seen` when it began):
+  // when it left nothing to ship and nothing activated it since, it is no
+  // longer visited until it is.
+  void Visited(const std::string& main_path, std::uint64_t seen, bool done);
+  // Its periodic snapshot falls due at `due` (wall ms).
+  void SnapshotDueAt(const std::string& main_path, WallMs due);
   Status ShipSegment(Tenant& t);
   Status ShipSnapshot(Tenant& t, bool periodic);
   // Copies the tenant's committed state into a spool file under its write
@@ -283,6 +299,17 @@ class Replicator::Impl {
   std::vector<Tombstone> tombstones_;                       // not yet at the destination
   std::unordered_map<std::string, std::shared_ptr<KeyLog>> logs_;  // key: main path
   std::atomic<std::uint64_t> ceiling_{0};  // the store's highest granted epoch, as last read
+
+  // Tenants with something a round must look at (main path -> times
+  // activated), and those that are visited again only when their periodic
+  // snapshot falls due (due wall ms, main path). A round visits these alone,
+  // so its work follows the tenants with something to ship, not every tenant
+  // ever seen. An entry leaves only when a visit found nothing left and no
+  // activation came since it began (two rounds may run at once: a flush's
+  // and the loop's). Taken alone: a capture calls Activate under its lock.
+  mutable std::mutex active_mu_;
+  std::unordered_map<std::string, std::uint64_t> active_;
+  std::set<std::pair<WallMs, std::string>> snapshot_due_;
 
   std::mutex upload_mu_;  // guards the wake flags; taken alone
   std::condition_variable upload_cv_;
@@ -406,7 +433,8 @@ class Tenant final {
  public:
   Tenant(Replicator::Impl& r, FleetFile main, std::shared_ptr<KeyLog> log)
       : capture_(std::make_shared<Capture>(
-            CaptureOptions{r.root(), r.wall(), r.budget(), [&r] { r.CountCaptureFailure(); }},
+            CaptureOptions{r.root(), r.wall(), r.budget(), [&r] { r.CountCaptureFailure(); },
+                           [&r, path = main.main_path] { r.Activate(path); }},
             std::move(main))),
         log_(std::move(log)),
         continuable_(ShippedState(r.root(), capture_->main())) {}
@@ -608,12 +636,20 @@ std::shared_ptr<Tenant> Replicator::Impl::TenantFor(const FleetFile& main, bool 
   // across I/O. When two calls race, the first one in wins.
   auto log = LogFor(main);
   auto made = std::make_shared<Tenant>(*this, main, log);
-  std::lock_guard lock(tenants_mu_);
-  auto [it, inserted] = tenants_.emplace(main.main_path, std::move(made));
-  // A new capture knows nothing of what the log's base was taken from: its
-  // commits never follow that base as segments.
-  if (inserted) log->stale_base = true;
-  return it->second;
+  std::shared_ptr<Tenant> t;
+  {
+    std::lock_guard lock(tenants_mu_);
+    auto [it, inserted] = tenants_.emplace(main.main_path, std::move(made));
+    if (!inserted) return it->second;
+    t = it->second;
+    // A new capture knows nothing of what the log's base was taken from:
+    // its commits never follow that base as segments.
+    log->stale_base = true;
+  }
+  // Looked at once: it may have found something on disk to ship (a WAL an
+  // earlier run left).
+  Activate(main.main_path);
+  return t;
 }
 
 std::shared_ptr<KeyLog> Replicator::Impl::LogFor(const FleetFile& main) {
@@ -728,27 +764,52 @@ void Replicator::Impl::SyncAll() { (void)Round(); }
 bool Replicator::Impl::Round() {
   const std::uint64_t failures_before = failures_seen_.load();
   UploadTombstones();
-  std::vector<std::shared_ptr<Tenant>> all;
+  struct Visit {
+    std::shared_ptr<Tenant> tenant;
+    std::string path;
+    std::uint64_t seen = 0;
+  };
+  std::vector<Visit> visits;
+  for (auto& [path, seen] : ActiveNow()) visits.push_back(Visit{nullptr, path, seen});
   {
     std::lock_guard lock(tenants_mu_);
-    for (auto& [k, t] : tenants_) all.push_back(t);
+    for (Visit& v : visits) {
+      if (auto it = tenants_.find(v.path); it != tenants_.end()) v.tenant = it->second;
+    }
   }
-  // Every tenant, served now or not: true means nothing captured is left
-  // unshipped anywhere. A tenant whose range is not served at this moment
-  // (a lapse, or a range lost) ships what its log can still take; what it
-  // cannot ship (a snapshot goes only while served) keeps the round unclean.
+  counters_.visits += visits.size();
+  // Every active tenant, served now or not (the others left nothing to ship
+  // at their last visit and changed in no way since): true means nothing
+  // captured is left unshipped anywhere. A tenant whose range is not served
+  // at this moment (a lapse, or a range lost) ships what its log can still
+  // take; what it cannot ship (a snapshot goes only while served) keeps the
+  // round unclean.
   bool clean = true;
-  std::vector<std::shared_ptr<Tenant>> later;
-  for (auto& t : all) {
-    bool deferred = false;
-    const bool shipped = Sync(*t, /*snapshots=*/false, &deferred);
-    if (deferred) {
-      later.push_back(t);
+  std::vector<Visit*> later;
+  auto sync = [&](Visit& v, bool snapshots, bool* deferred) {
+    // Before its scan: a change from here on activates it again.
+    v.tenant->capture().ClearActive();
+    return Sync(*v.tenant, snapshots, deferred);
+  };
+  for (Visit& v : visits) {
+    if (!v.tenant) {
+      Visited(v.path, v.seen, true);  // deleted: its tombstone ships on its own
       continue;
     }
-    clean = Counted(*t, shipped) && clean;
+    bool deferred = false;
+    const bool shipped = sync(v, /*snapshots=*/false, &deferred);
+    if (deferred) {
+      later.push_back(&v);
+      continue;
+    }
+    Visited(v.path, v.seen, shipped);
+    clean = Counted(*v.tenant, shipped) && clean;
   }
-  for (auto& t : later) clean = Counted(*t, Sync(*t)) && clean;
+  for (Visit* v : later) {
+    const bool shipped = sync(*v, /*snapshots=*/true, nullptr);
+    Visited(v->path, v->seen, shipped);
+    clean = Counted(*v->tenant, shipped) && clean;
+  }
   {
     std::lock_guard lock(tenants_mu_);
     clean = clean && tombstones_.empty();
@@ -760,6 +821,50 @@ bool Replicator::Impl::Round() {
   // object; clearing on the probe made /health flap every round).
   if (failures_seen_.load() == failures_before) RecordSuccess();
   return clean;
+}
+
+void Replicator::Impl::Activate(const std::string& main_path) {
+  std::lock_guard lock(active_mu_);
+  ++active_[main_path];
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> Replicator::Impl::ActiveNow() {
+  const WallMs now = NowMs();
+  std::lock_guard lock(active_mu_);
+  while (!snapshot_due_.empty() && snapshot_due_.begin()->first <= now) {
+    ++active_[snapshot_due_.begin()->second];
+    snapshot_due_.erase(snapshot_due_.begin());
+  }
+  return {active_.begin(), active_.end()};
+}
+
+std::vector<std::shared_ptr<Tenant>> Replicator::Impl::ActiveTenants() const {
+  std::vector<std::string> paths;
+  {
+    std::lock_guard lock(active_mu_);
+    paths.reserve(active_.size());
+    for (const auto& [path, n] : active_) paths.push_back(path);
+  }
+  std::vector<std::shared_ptr<Tenant>> out;
+  out.reserve(paths.size());
+  std::lock_guard lock(tenants_mu_);
+  for (const std::string& p : paths) {
+    if (auto it = tenants_.find(p); it != tenants_.end()) out.push_back(it->second);
+  }
+  return out;
+}
+
+void Replicator::Impl::Visited(const std::string& main_path, std::uint64_t seen, bool done) {
+  if (!done) return;
+  std::lock_guard lock(active_mu_);
+  if (auto it = active_.find(main_path); it != active_.end() && it->second == seen) {
+    active_.erase(it);
+  }
+}
+
+void Replicator::Impl::SnapshotDueAt(const std::string& main_path, WallMs due) {
+  std::lock_guard lock(active_mu_);
+  snapshot_due_.emplace(due, main_path);
 }
 
 bool Replicator::Impl::Counted(Tenant& t, bool shipped) {
@@ -1328,6 +1433,11 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
       return false;
     }
     shipped = true;
+  }
+  // Visited again when the periodic snapshot falls due, though nothing
+  // else brings it back (snapshot_due above decides then).
+  if (k.base && k.commits_since_snapshot > 0) {
+    SnapshotDueAt(main.main_path, k.last_snapshot_ms + o_.snapshot_interval.count());
   }
   if (scan.unshippable) return false;  // what came after the switch waits
   const bool pending = k.pending_segment.has_value() || k.pending_snapshot.valid();
@@ -2023,13 +2133,12 @@ void Replicator::Impl::RecordLag(WallMs commit_ms, WallMs shipped_ms) {
 // tenants_mu_ only (never held across I/O), never a Tenant's lock.
 double Replicator::Impl::LagSeconds(Slot first, Slot last) const {
   WallMs oldest = 0;
-  {
-    std::lock_guard lock(tenants_mu_);
-    for (auto& [k, t] : tenants_) {
-      if (t->main().slot < first || t->main().slot > last) continue;
-      const WallMs o = t->capture().oldest_pending_ms();
-      if (o != 0 && (oldest == 0 || o < oldest)) oldest = o;
-    }
+  // Only an active tenant has commits pending (a write activates it, and it
+  // stays until a visit finds nothing left).
+  for (const auto& t : ActiveTenants()) {
+    if (t->main().slot < first || t->main().slot > last) continue;
+    const WallMs o = t->capture().oldest_pending_ms();
+    if (o != 0 && (oldest == 0 || o < oldest)) oldest = o;
   }
   return oldest == 0 ? 0.0 : std::max<WallMs>(0, NowMs() - oldest) / 1000.0;
 }
@@ -2072,9 +2181,15 @@ ReplicationStats Replicator::Impl::Stats() const {
     s.capture_spilled = budget_->spilled.load();
     s.dropped_to_snapshot = budget_->drops.load();
   }
-  std::lock_guard lock(tenants_mu_);
-  s.tenants = tenants_.size();
-  for (auto& [k, t] : tenants_) {
+  {
+    std::lock_guard lock(tenants_mu_);
+    s.tenants = tenants_.size();
+  }
+  s.tenant_visits = counters_.visits.load();
+  // What follows is true of active tenants only (see LagSeconds).
+  const auto active = ActiveTenants();
+  s.active_tenants = active.size();
+  for (const auto& t : active) {
     if (const std::uint64_t needed = t->capture().dropped_bytes(); needed != 0) {
       ++s.snapshot_needed_tenants;
       if (needed > s.snapshot_needed_bytes) {

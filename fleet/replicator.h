@@ -136,7 +136,11 @@ struct ReplicationStats {
   // Restarts whose file was the log's newest data: segments continued the
   // log with no snapshot (issue 10 item 12).
   std::uint64_t continued = 0;
-  std::size_t tenants = 0;
+  std::size_t tenants = 0;  // every tenant seen since the start
+  // Tenants the shipper visits each round (written, or with something left
+  // to ship), and visits made: a round's work follows these, not `tenants`.
+  std::size_t active_tenants = 0;
+  std::uint64_t tenant_visits = 0;
   std::size_t unshipped_tenants = 0;
   // Tenants written with journal_mode OFF or MEMORY (no journal on disk, not
   // in WAL mode): nothing of them ships until they commit with a journal or

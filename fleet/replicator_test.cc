@@ -746,11 +746,16 @@ class Db {
     EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
   }
   ~Db() { sqlite3_close(db_); }
+  // The mount's part, for a database in WAL mode written here directly:
+  // every statement is reported to the tenant's capture as a write through
+  // the mount would be (the shipper visits only tenants told of a change).
+  void ReportTo(std::shared_ptr<TenantWatch> watch) { watch_ = std::move(watch); }
   void Exec(const std::string& sql) {
     char* err = nullptr;
     EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK)
         << sql << ": " << (err ? err : "");
     sqlite3_free(err);
+    if (watch_) { auto guard = watch_->BeforeTruncate(FileRole::kMain, 0); }
   }
   std::string Text(const std::string& sql) {
     sqlite3_stmt* st = nullptr;
@@ -781,6 +786,7 @@ class Db {
 
  private:
   sqlite3* db_ = nullptr;
+  std::shared_ptr<TenantWatch> watch_;
 };
 
 void Insert(Db& db, int from, int to) {
@@ -800,6 +806,7 @@ TEST_F(ReplicatorTest, a_capture_that_cannot_open_the_wal_makes_the_next_shipmen
   Start(Options());
   auto watch = rep_->Watch(k, kEpoch);
   { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  db.ReportTo(watch);
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   Insert(db, 20, 40);
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
@@ -1038,6 +1045,7 @@ std::shared_ptr<TenantWatch> WalTenant(Replicator& rep, Db& db, const FleetFile&
   db.Exec("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, pad BLOB)");
   auto watch = rep.Watch(main, kEpoch);
   { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // something written
+  db.ReportTo(watch);
   return watch;
 }
 
@@ -1079,6 +1087,71 @@ TEST_F(ReplicatorTest, steady_shipping_lists_nothing_and_puts_one_object_per_rou
   ASSERT_TRUE(restored.ok()) << restored.status().message();
   Db copy(*restored);
   EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 10);
+}
+
+// The structure: a round's work follows the tenants with something to ship.
+TEST_F(ReplicatorTest, a_round_visits_only_the_tenants_written_since_they_were_last_shipped) {
+  Start(Options());
+  std::vector<FleetFile> keys;
+  std::vector<std::unique_ptr<Db>> dbs;
+  std::vector<std::shared_ptr<TenantWatch>> watches;
+  for (int i = 0; i < 40; ++i) {
+    keys.push_back(Main("quiet-" + std::to_string(i)));
+    fs::create_directories(fs::path(Backing(keys.back())).parent_path());
+    dbs.push_back(std::make_unique<Db>(Backing(keys.back())));
+    watches.push_back(WalTenant(*rep_, *dbs.back(), keys.back()));
+    Insert(*dbs.back(), 0, 2);
+  }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().active_tenants, 0u) << "a shipped tenant stayed active";
+  const auto visits = rep_->Stats().tenant_visits;
+  for (int round = 0; round < 3; ++round) ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().tenant_visits, visits) << "rounds visited tenants nobody wrote";
+  Insert(*dbs[7], 2, 3);
+  EXPECT_EQ(rep_->Stats().active_tenants, 1u);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().tenant_visits, visits + 1) << "one write, and not one visit";
+  EXPECT_EQ(rep_->Stats().active_tenants, 0u);
+  auto restored = Restored(keys[7]);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 3) << "the write of the one visit was not shipped";
+}
+
+// A wall clock a test moves.
+class ManualWall final : public WallClock {
+ public:
+  WallMs NowMs() const override { return now_.load(); }
+  void Advance(Millis d) { now_ += d.count(); }
+
+ private:
+  std::atomic<WallMs> now_{1'700'000'000'000};
+};
+
+TEST_F(ReplicatorTest, a_tenant_left_alone_is_visited_again_when_its_periodic_snapshot_falls_due) {
+  ManualWall wall;
+  ReplicatorOptions o = Options();
+  o.wall = &wall;
+  o.snapshot_interval = Millis(60'000);
+  Start(std::move(o));
+  FleetFile k = Main("periodic");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 2);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 2, 4);  // a segment after the snapshot: a periodic one falls due later
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  ASSERT_EQ(rep_->Stats().snapshots, 1u);
+  const auto visits = rep_->Stats().tenant_visits;
+  wall.Advance(Millis(30'000));
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().tenant_visits, visits) << "visited before its snapshot was due";
+  wall.Advance(Millis(31'000));
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().snapshots, 2u) << "the periodic snapshot never came: nothing wrote";
+  EXPECT_EQ(rep_->Stats().tenant_visits, visits + 1);
+  rep_->Stop();  // before the wall clock goes
 }
 
 TEST_F(ReplicatorTest, an_old_owners_upload_after_a_new_owners_marker_is_refused_and_drops_its_range) {
@@ -1405,6 +1478,7 @@ TEST_F(ReplicatorTest, a_restart_whose_file_is_the_logs_newest_data_continues_wi
   ASSERT_EQ(PrepareAndWait(k, kEpoch + 1), 0);
   auto watch = rep_->Watch(k, kEpoch + 1);
   { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }
+  db.ReportTo(watch);
   Insert(db, 5, 8);
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   EXPECT_EQ(rep_->Stats().snapshots, 0u) << "a restart re-shipped a file the log already holds";

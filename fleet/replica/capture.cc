@@ -305,6 +305,7 @@ void Capture::Return(std::vector<Txn> txns) {
     captured_.push_front(std::move(*it));
   }
   if (shippable_ != SIZE_MAX) shippable_ += txns.size();
+  FlagActiveLocked();
   PublishLocked();
 }
 
@@ -344,6 +345,7 @@ void Capture::MarkUnshipped() {
   marker_present_ = true;
   unshipped_.store(true);
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
+  FlagActiveLocked();
   PublishLocked();
 }
 
@@ -480,6 +482,7 @@ void Capture::NoteWriteLocked() {
   // A handle that outlived the delete (a connection's last checkpoint) writes
   // a file no longer there to ship: no marker, or every later run would try.
   if (dropped_) return;
+  FlagActiveLocked();
   ++writes_seen_;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   if (!marker_present_) {
@@ -488,6 +491,12 @@ void Capture::NoteWriteLocked() {
     if (!fd.valid()) spdlog::warn("replica: cannot mark {} unshipped: {}", main_.main_path, std::strerror(errno));
     marker_present_ = true;
     unshipped_.store(true);
+  }
+}
+
+void Capture::FlagActiveLocked() {
+  if (!active_.load(std::memory_order_relaxed) && !active_.exchange(true) && o_.on_active) {
+    o_.on_active();
   }
 }
 
@@ -528,6 +537,7 @@ void Capture::CaptureFailedLocked(std::string_view what, const std::string& why)
 // Called with mu_ held. Of what is captured now, the first `keep` may still
 // go into the current generation; nothing captured later does.
 void Capture::MarkGapLocked(std::size_t keep) {
+  FlagActiveLocked();
   need_generation_ = true;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   ++gaps_;

@@ -144,6 +144,12 @@ struct CaptureOptions {
   // Called once per capture that failed (each forces a snapshot), with the
   // capture's lock held: it must only count.
   std::function<void()> on_failure;
+  // Called when the tenant may have something to ship that the shipper has
+  // not looked at (a write, a gap, a mark), once until the shipper's next
+  // ClearActive, with the capture's lock held: it must only record. The
+  // shipper visits only such tenants, so its work follows the writes, not
+  // the tenants ever seen.
+  std::function<void()> on_active;
 };
 
 // What the shipper reads at the start of a round, in one look.
@@ -214,6 +220,10 @@ class Capture final : public TenantWatch {
   // The main file was replaced (a restore): everything is forgotten, and the
   // next shipment is a snapshot.
   void Reset();
+  // The shipper looks at the tenant now: the next change calls on_active
+  // again. Called before its Scan, so a change during the visit is never
+  // taken for one it saw.
+  void ClearActive() { active_.store(false); }
   // Waits (at most `journal_wait`) for an open transaction to end, then holds
   // the write gate alone and captures the WAL: the tenant's files do not
   // change until the hold ends. kFailedPrecondition when a transaction stays
@@ -231,6 +241,9 @@ class Capture final : public TenantWatch {
 
  private:
   void NoteWriteLocked();
+  // Tells the shipper (on_active) once per visit that there is something to
+  // look at.
+  void FlagActiveLocked();
   void PublishLocked();
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);
@@ -284,6 +297,7 @@ class Capture final : public TenantWatch {
   bool dropped_ = false;  // deleted: its writes are no longer the tenant's
   std::uint64_t writes_seen_ = 0;
   std::uint64_t writes_last_scan_ = 0;
+  std::atomic<bool> active_{false};  // on_active was called since ClearActive
 
   // Published under mu_, read without it.
   std::atomic<bool> unshipped_{false};         // marker_present_

@@ -56,8 +56,9 @@ class CaptureTest : public ::testing::Test {
     const FleetFile main = *ParseFleetPath(FleetMode::kTenant, TenantPath(name));
     fs::create_directories(dir_ / fs::path(main.main_path).parent_path());
     std::ofstream(dir_ / main.main_path, std::ios::binary) << std::string(8 * 4096, 'm');
-    return std::make_unique<Capture>(CaptureOptions{root_.get(), &wall_, std::move(budget), {}},
-                                     main);
+    return std::make_unique<Capture>(
+        CaptureOptions{root_.get(), &wall_, std::move(budget), {}, [this] { ++activations_; }},
+        main);
   }
 
   // One rollback-journal commit of `pages` pages, as the mount reports it.
@@ -84,6 +85,7 @@ class CaptureTest : public ::testing::Test {
   fs::path dir_;
   UniqueFd root_;
   CountingWallClock wall_;
+  int activations_ = 0;  // on_active calls, of every capture made here
 };
 
 TEST(SpillFile, records_come_back_in_order_with_their_bytes_and_the_file_goes_once_empty) {
@@ -204,6 +206,30 @@ TEST_F(CaptureTest, a_capture_that_ends_gives_its_bytes_back_to_the_budget) {
   EXPECT_EQ(budget->memory_used(), 0u);
   EXPECT_EQ(budget->spill_used(), 0u);
   EXPECT_TRUE(fs::is_empty(dir_ / ".fleetfs" / "spill"));
+}
+
+TEST_F(CaptureTest, the_shipper_is_told_once_per_visit_that_a_tenant_changed) {
+  auto budget = std::make_shared<CaptureBudget>(1 << 20, 0);
+  auto c = Tenant("acme", budget);
+  EXPECT_EQ(activations_, 0) << "a capture that saw nothing asked for a visit";
+  Commit(*c, 2);
+  Commit(*c, 2);
+  EXPECT_EQ(activations_, 1) << "every write asked again, though no visit came between";
+  c->ClearActive();
+  (void)c->Scan();
+  EXPECT_EQ(activations_, 1) << "a scan is not a change";
+  Commit(*c, 1);
+  EXPECT_EQ(activations_, 2) << "a write after the visit began went unseen";
+  c->ClearActive();
+  c->MarkGap();
+  EXPECT_EQ(activations_, 3) << "a gap (the next shipment is a snapshot) went unseen";
+  c->ClearActive();
+  c->MarkUnshipped();
+  EXPECT_EQ(activations_, 4) << "commits left by an earlier run went unseen";
+  c->ClearActive();
+  c->Drop();
+  Commit(*c, 1);
+  EXPECT_EQ(activations_, 4) << "a deleted tenant's late writes asked for a visit";
 }
 
 }  // namespace

@@ -300,15 +300,16 @@ class Replicator::Impl {
   std::unordered_map<std::string, std::shared_ptr<KeyLog>> logs_;  // key: main path
   std::atomic<std::uint64_t> ceiling_{0};  // the store's highest granted epoch, as last read
 
-  // Tenants with something a round must look at (main path -> times
-  // activated), and those that are visited again only when their periodic
+  // Tenants with something a round must look at (main path -> the number of
+  // its last activation, unique over the agent's life), and those that are visited again only when their periodic
   // snapshot falls due (due wall ms, main path). A round visits these alone,
   // so its work follows the tenants with something to ship, not every tenant
   // ever seen. An entry leaves only when a visit found nothing left and no
   // activation came since it began (two rounds may run at once: a flush's
   // and the loop's). Taken alone: a capture calls Activate under its lock.
   mutable std::mutex active_mu_;
-  std::unordered_map<std::string, std::uint64_t> active_;
+  std::unordered_map<std::string, std::uint64_t> active_;  // main path -> activation number
+  std::uint64_t activations_ = 0;
   std::set<std::pair<WallMs, std::string>> snapshot_due_;
 
   std::mutex upload_mu_;  // guards the wake flags; taken alone
@@ -791,6 +792,13 @@ bool Replicator::Impl::Round() {
     v.tenant->capture().ClearActive();
     return Sync(*v.tenant, snapshots, deferred);
   };
+  // A visit leaves the tenant alone from now on only if the capture holds
+  // nothing either: its marker kept (a commit frame seen whose chain is not
+  // valid yet is forgotten only after a quiet round) means another visit.
+  auto visited = [&](const Visit& v, bool shipped) {
+    Capture& c = v.tenant->capture();
+    Visited(v.path, v.seen, shipped && !c.unshipped() && c.oldest_pending_ms() == 0);
+  };
   for (Visit& v : visits) {
     if (!v.tenant) {
       Visited(v.path, v.seen, true);  // deleted: its tombstone ships on its own
@@ -802,12 +810,12 @@ bool Replicator::Impl::Round() {
       later.push_back(&v);
       continue;
     }
-    Visited(v.path, v.seen, shipped);
+    visited(v, shipped);
     clean = Counted(*v.tenant, shipped) && clean;
   }
   for (Visit* v : later) {
     const bool shipped = sync(*v, /*snapshots=*/true, nullptr);
-    Visited(v->path, v->seen, shipped);
+    visited(*v, shipped);
     clean = Counted(*v->tenant, shipped) && clean;
   }
   {
@@ -825,14 +833,16 @@ bool Replicator::Impl::Round() {
 
 void Replicator::Impl::Activate(const std::string& main_path) {
   std::lock_guard lock(active_mu_);
-  ++active_[main_path];
+  // Never a value an entry had before: a round that copied an erased
+  // entry's value must not take a new activation for the one it saw.
+  active_[main_path] = ++activations_;
 }
 
 std::vector<std::pair<std::string, std::uint64_t>> Replicator::Impl::ActiveNow() {
   const WallMs now = NowMs();
   std::lock_guard lock(active_mu_);
   while (!snapshot_due_.empty() && snapshot_due_.begin()->first <= now) {
-    ++active_[snapshot_due_.begin()->second];
+    active_[snapshot_due_.begin()->second] = ++activations_;
     snapshot_due_.erase(snapshot_due_.begin());
   }
   return {active_.begin(), active_.end()};

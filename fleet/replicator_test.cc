@@ -1154,6 +1154,64 @@ TEST_F(ReplicatorTest, a_tenant_left_alone_is_visited_again_when_its_periodic_sn
   rep_->Stop();  // before the wall clock goes
 }
 
+// Review of the active set: a commit that lands after a visit began (the
+// hooks run before a change reaches the disk) still brings a visit.
+TEST_F(ReplicatorTest, a_rollback_journal_commit_whose_unlink_comes_after_a_visit_still_ships) {
+  FleetFile k = Main("late-unlink");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=DELETE");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 0, 10);
+  Start(Options());
+  auto watch = rep_->Watch(k, kEpoch);
+  ReportJournaledCommit(*watch, fs::file_size(Backing(k)));
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 10, 12);
+  // The mount's view of that commit: the journal's header, the pages, and
+  // a round in the fsync window before the journal's unlink (the commit).
+  const char magic[8] = {'\xd9', '\xd5', '\x05', '\xf9', '\x20', '\xa1', '\x63', '\xd7'};
+  { auto guard = watch->BeforeWrite(FileRole::kJournal, 0, magic, sizeof magic); }
+  const std::string page(4096, '\0');
+  for (std::uint64_t off = 0; off < fs::file_size(Backing(k)); off += page.size()) {
+    auto guard = watch->BeforeWrite(FileRole::kMain, off, page.data(), page.size());
+  }
+  (void)rep_->Flush(mono_.Now() + seconds(20));
+  { auto guard = watch->BeforeUnlink(FileRole::kJournal); }
+  EXPECT_EQ(rep_->Stats().active_tenants, 1u) << "the commit did not make the tenant active";
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 1u);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 12) << "the commit was never shipped";
+}
+
+TEST_F(ReplicatorTest, a_wal_commit_that_lands_after_a_visit_scanned_still_ships) {
+  Start(Options());
+  FleetFile k = Main("late-frame");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 2);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  db.ReportTo(nullptr);  // this commit's one write is reported by hand
+  {
+    // The hook runs, a round visits and scans, then the bytes land and the
+    // write returns.
+    const std::string frame(8, 'x');
+    auto guard = watch->BeforeWrite(FileRole::kWal, 1u << 20, frame.data(), frame.size());
+    (void)rep_->Flush(mono_.Now() + seconds(20));
+    Insert(db, 2, 3);
+  }
+  EXPECT_EQ(rep_->Stats().active_tenants, 1u) << "the landed commit did not make the tenant active";
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 3) << "the commit was never shipped";
+}
+
 TEST_F(ReplicatorTest, an_old_owners_upload_after_a_new_owners_marker_is_refused_and_drops_its_range) {
   std::atomic<std::uint64_t> newer{0};
   ReplicatorOptions o = Options();

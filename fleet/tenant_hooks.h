@@ -20,14 +20,20 @@ namespace fleetfs {
 // snapshot goes before new writes, so a busy tenant cannot starve it.
 class WriteGate {
  public:
+  // Called after each shared hold ends (its change landed, or failed), on
+  // the writer's thread, with no lock held. Set before any hold.
+  void OnLanded(std::function<void()> landed) { landed_ = std::move(landed); }
   void LockShared() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !exclusive_ && exclusive_waiting_ == 0; });
     ++shared_;
   }
   void UnlockShared() {
-    std::lock_guard lock(mu_);
-    if (--shared_ == 0) cv_.notify_all();
+    {
+      std::lock_guard lock(mu_);
+      if (--shared_ == 0) cv_.notify_all();
+    }
+    if (landed_) landed_();
   }
   void Lock() {
     std::unique_lock lock(mu_);
@@ -48,6 +54,7 @@ class WriteGate {
   int shared_ = 0;
   int exclusive_waiting_ = 0;
   bool exclusive_ = false;
+  std::function<void()> landed_;
 };
 
 // Held by the mount from just before a change reaches the backing file until

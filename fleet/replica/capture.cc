@@ -90,6 +90,13 @@ Capture::Capture(CaptureOptions options, FleetFile main)
       main_(std::move(main)),
       budget_(o_.budget ? o_.budget : std::make_shared<CaptureBudget>(kOwnMemoryBytes, 0)),
       spill_(o_.root, std::string(kSpillDir) + "/" + MarkerName(main_)) {
+  // The hooks flag the tenant before a change lands; a shipper that began
+  // its visit between that and the landing may have scanned without it, so
+  // the end of each write flags it again (a WAL frame is read from the file,
+  // not from the hook).
+  gate_.OnLanded([this] {
+    if (!dropped_pub_.load()) FlagActive();
+  });
   // What is on disk now: a WAL in use, or a hot journal left by a crash.
   struct stat st;
   wal_exists_ = ::fstatat(o_.root, (main_.main_path + "-wal").c_str(), &st, 0) == 0;
@@ -305,7 +312,7 @@ void Capture::Return(std::vector<Txn> txns) {
     captured_.push_front(std::move(*it));
   }
   if (shippable_ != SIZE_MAX) shippable_ += txns.size();
-  FlagActiveLocked();
+  FlagActive();
   PublishLocked();
 }
 
@@ -345,13 +352,14 @@ void Capture::MarkUnshipped() {
   marker_present_ = true;
   unshipped_.store(true);
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
-  FlagActiveLocked();
+  FlagActive();
   PublishLocked();
 }
 
 void Capture::Drop() {
   std::lock_guard lock(mu_);
   dropped_ = true;
+  dropped_pub_.store(true);
   ClearCapturedLocked();
   drop_episode_ = false;
   dropped_bytes_pub_.store(0);
@@ -482,7 +490,7 @@ void Capture::NoteWriteLocked() {
   // A handle that outlived the delete (a connection's last checkpoint) writes
   // a file no longer there to ship: no marker, or every later run would try.
   if (dropped_) return;
-  FlagActiveLocked();
+  FlagActive();
   ++writes_seen_;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   if (!marker_present_) {
@@ -494,10 +502,10 @@ void Capture::NoteWriteLocked() {
   }
 }
 
-void Capture::FlagActiveLocked() {
-  if (!active_.load(std::memory_order_relaxed) && !active_.exchange(true) && o_.on_active) {
-    o_.on_active();
-  }
+void Capture::FlagActive() {
+  // An exchange, never a plain load first: it must see the shipper's latest
+  // ClearActive.
+  if (!active_.exchange(true) && o_.on_active) o_.on_active();
 }
 
 // Publishes the numbers Stats() and LagSeconds() read without mu_: called
@@ -537,7 +545,7 @@ void Capture::CaptureFailedLocked(std::string_view what, const std::string& why)
 // Called with mu_ held. Of what is captured now, the first `keep` may still
 // go into the current generation; nothing captured later does.
 void Capture::MarkGapLocked(std::size_t keep) {
-  FlagActiveLocked();
+  FlagActive();
   need_generation_ = true;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   ++gaps_;

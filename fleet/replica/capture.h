@@ -242,8 +242,8 @@ class Capture final : public TenantWatch {
  private:
   void NoteWriteLocked();
   // Tells the shipper (on_active) once per visit that there is something to
-  // look at.
-  void FlagActiveLocked();
+  // look at. Needs no lock.
+  void FlagActive();
   void PublishLocked();
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);
@@ -298,6 +298,7 @@ class Capture final : public TenantWatch {
   std::uint64_t writes_seen_ = 0;
   std::uint64_t writes_last_scan_ = 0;
   std::atomic<bool> active_{false};  // on_active was called since ClearActive
+  std::atomic<bool> dropped_pub_{false};  // dropped_, for the gate's landed hook
 
   // Published under mu_, read without it.
   std::atomic<bool> unshipped_{false};         // marker_present_

@@ -227,9 +227,17 @@ TEST_F(CaptureTest, the_shipper_is_told_once_per_visit_that_a_tenant_changed) {
   c->MarkUnshipped();
   EXPECT_EQ(activations_, 4) << "commits left by an earlier run went unseen";
   c->ClearActive();
+  {
+    const std::string frame(24, 'f');
+    auto guard = c->BeforeWrite(FileRole::kWal, 32, frame.data(), frame.size());
+    EXPECT_EQ(activations_, 5);
+    c->ClearActive();  // a visit begins (and scans) while the write is in flight
+  }
+  EXPECT_EQ(activations_, 6) << "a write that landed after the visit's scan went unseen";
+  c->ClearActive();
   c->Drop();
   Commit(*c, 1);
-  EXPECT_EQ(activations_, 4) << "a deleted tenant's late writes asked for a visit";
+  EXPECT_EQ(activations_, 6) << "a deleted tenant's late writes asked for a visit";
 }
 
 }  // namespace

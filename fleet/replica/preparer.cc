@@ -61,8 +61,8 @@ void Preparer::Stop() {
   for (auto& w : left) w(EIO);
 }
 
-void Preparer::Prepare(const FleetFile& main, std::uint64_t epoch,
-                       std::function<void(int)> done, bool warm) {
+void Preparer::Prepare(const FleetFile& main, std::uint64_t epoch, std::function<void(int)> done,
+                       bool warm) {
   if (!warm && o_.missing_here && absent_.Contains(main.main_path, epoch)) {
     // Known absent at this epoch, and still not here (a local check on the
     // caller's thread): answered without a job, so repeated lookups of
@@ -87,9 +87,10 @@ void Preparer::Prepare(const FleetFile& main, std::uint64_t epoch,
     lock.unlock();
     ++refused_;
     if (first) {
-      spdlog::warn("replica: {} lookups wait for a prepare (the most at once); new ones are "
-                   "answered EAGAIN until some finish",
-                   waiting);
+      spdlog::warn(
+          "replica: {} lookups wait for a prepare (the most at once); new ones are "
+          "answered EAGAIN until some finish",
+          waiting);
     }
     if (done) done(EAGAIN);
   };
@@ -203,9 +204,10 @@ int Preparer::Answer(const PrepareJob& job) {
   // epoch is served: a flight of an older epoch that outlived it (a lookup at
   // the new epoch is its own flight) answers an error instead.
   if (err == 0 && !Served(job)) {
-    spdlog::warn("replica: prepare of {} at epoch {} ended after the epoch stopped being served; "
-                 "the lookup gets an error",
-                 job.main.main_path, job.epoch);
+    spdlog::warn(
+        "replica: prepare of {} at epoch {} ended after the epoch stopped being served; "
+        "the lookup gets an error",
+        job.main.main_path, job.epoch);
     return ENOENT;  // as a restore that lapsed answers
   }
   return err;

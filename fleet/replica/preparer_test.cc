@@ -24,7 +24,9 @@
 namespace fleetfs::replica {
 namespace {
 
-FleetFile Main(std::string_view tenant) { return *ParseFleetPath(FleetMode::kTenant, TenantPath(tenant)); }
+FleetFile Main(std::string_view tenant) {
+  return *ParseFleetPath(FleetMode::kTenant, TenantPath(tenant));
+}
 
 // What one Prepare was answered, if it was.
 struct Answer {
@@ -56,7 +58,8 @@ class Harness {
       if (gate_closed_.count(job.main.main_path) > 0) {
         cv_.wait(lock, [&] { return gate_closed_.count(job.main.main_path) == 0; });
       }
-      if (job.main.main_path == remember_absent_) preparer->absent().Remember(job.main.main_path, job.epoch);
+      if (job.main.main_path == remember_absent_)
+        preparer->absent().Remember(job.main.main_path, job.epoch);
       auto it = results_.find({job.main.main_path, job.epoch});
       return it == results_.end() ? 0 : it->second;
     };

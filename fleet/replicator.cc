@@ -12,9 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <limits>
-#include <list>
 #include <map>
 #include <set>
 #include <thread>
@@ -24,6 +22,7 @@
 #include "fleet/replica/log_names.h"
 #include "fleet/replica/log_reader.h"
 #include "fleet/replica/log_writer.h"
+#include "fleet/replica/preparer.h"
 #include "fleet/replica/ship_decision.h"
 #include "fleet/replica/spill_file.h"
 #include "fleet/fd_io.h"
@@ -42,69 +41,7 @@ constexpr std::string_view kDeletedDir = ".fleetfs/deleted";
 constexpr std::size_t kLagSamples = 4096;
 // Internal to the prepare path (never an answer): a restore found the file
 // made meanwhile, so the file there is checked again as any file found here.
-constexpr int kRaced = -1;
-// Attempts of one prepare when files keep appearing under its restores.
-constexpr int kPrepareAttempts = 3;
-
-// Keys the replica was found not to hold, each with the epoch it was listed
-// at: a repeated lookup of an absent name needs no job and no listing. At one
-// epoch only this host writes a key's replica, so an entry stays true for its
-// epoch unless this host makes the key (a create through the mount forgets
-// it); an entry of another epoch never answers. Bounded: the least recently
-// used key goes first.
-//
-// Thread-safety: one mutex, held only while the map is read or changed.
-class AbsentKeys {
- public:
-  explicit AbsentKeys(std::size_t cap) : cap_(std::max<std::size_t>(1, cap)) {}
-
-  bool Contains(const std::string& key, std::uint64_t epoch) {
-    std::lock_guard lock(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) return false;
-    if (it->second.epoch != epoch) {
-      order_.erase(it->second.at);
-      map_.erase(it);
-      return false;
-    }
-    order_.splice(order_.begin(), order_, it->second.at);
-    return true;
-  }
-
-  void Remember(const std::string& key, std::uint64_t epoch) {
-    std::lock_guard lock(mu_);
-    auto it = map_.find(key);
-    if (it != map_.end()) {
-      it->second.epoch = epoch;
-      order_.splice(order_.begin(), order_, it->second.at);
-      return;
-    }
-    order_.push_front(key);
-    map_.emplace(key, Entry{epoch, order_.begin()});
-    if (map_.size() > cap_) {
-      map_.erase(order_.back());
-      order_.pop_back();
-    }
-  }
-
-  void Forget(const std::string& key) {
-    std::lock_guard lock(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) return;
-    order_.erase(it->second.at);
-    map_.erase(it);
-  }
-
- private:
-  struct Entry {
-    std::uint64_t epoch = 0;
-    std::list<std::string>::iterator at;
-  };
-  const std::size_t cap_;
-  std::mutex mu_;  // guards the two below; taken alone
-  std::list<std::string> order_;  // most recently used first
-  std::unordered_map<std::string, Entry> map_;
-};
+constexpr int kRaced = Preparer::kRaced;
 
 // The counters operators read, each on its own: Stats() reads them without
 // a lock.
@@ -119,10 +56,8 @@ struct Counters {
   std::atomic<std::uint64_t> stale_replaced{0};
   std::atomic<std::uint64_t> tombstones{0};
   std::atomic<std::uint64_t> newer_epochs{0};
-  std::atomic<std::uint64_t> warm_queued{0};
   std::atomic<std::uint64_t> capture_failures{0};
   std::atomic<std::uint64_t> absent_listed{0};
-  std::atomic<std::uint64_t> prepares_refused{0};
   std::atomic<std::uint64_t> continued{0};
   std::atomic<std::uint64_t> visits{0};
 };
@@ -135,7 +70,7 @@ struct KeyLog;
 class Replicator::Impl {
  public:
   explicit Impl(ReplicatorOptions options)
-      : o_(std::move(options)), absent_(o_.absent_keys) {}
+      : o_(std::move(options)), preparer_(PreparerOptionsFor(o_)) {}
   ~Impl() { Stop(); }
 
   Status Start();
@@ -161,13 +96,6 @@ class Replicator::Impl {
   const std::shared_ptr<CaptureBudget>& budget() const { return budget_; }
 
  private:
-  struct Flight {
-    FleetFile main;
-    std::uint64_t epoch = 0;
-    std::vector<std::function<void(int)>> waiters;
-    bool started = false;
-    bool warm = false;
-  };
   struct Tombstone {
     FleetFile main;
     std::uint64_t epoch = 0;
@@ -257,11 +185,11 @@ class Replicator::Impl {
   // Reads the store's ceiling again; true when it rose.
   bool RefreshCeiling();
 
-  void PrepareLoop();
-  // Prepares the flight's file; 0 only while its epoch is still served.
-  int RunPrepare(const Flight& f);
-  // One attempt of RunPrepare; kRaced when a file appeared under a restore.
-  int PrepareFile(const Flight& f);
+  // The preparer's options: its work is PrepareFile.
+  PreparerOptions PreparerOptionsFor(const ReplicatorOptions& o);
+  // One attempt at preparing the job's file (the Preparer's work); kRaced
+  // when a file appeared under a restore.
+  int PrepareFile(const PrepareJob& f);
   int RestoreInPlace(const FleetFile& main, std::uint64_t epoch, bool replace);
   // Whether the local file carries the epoch stamp of `epoch` (or newer):
   // it was checked against the replica at that epoch, or made at it.
@@ -318,26 +246,12 @@ class Replicator::Impl {
   bool upload_wake_ = false;
   std::thread uploader_;
 
-  std::mutex prep_mu_;  // guards the flights and queues; taken alone
-  std::condition_variable prep_cv_;
-  // Key: (main path, epoch). A prepare answers for its epoch only: one at a
-  // newer epoch never joins a flight of an older one (which may have lapsed
-  // meanwhile); the two may run at once, and only the one whose epoch is
-  // served publishes or answers 0.
-  std::map<std::pair<std::string, std::uint64_t>, std::shared_ptr<Flight>> flights_;
-  std::deque<std::shared_ptr<Flight>> high_, low_;
-  // Flights of lookups (not warm), queued or running; at most
-  // o_.max_lookup_flights. `refusing_`: lookups are being refused (logged
-  // once, when it starts).
-  std::size_t lookup_flights_ = 0;
-  bool refusing_ = false;
-  int low_running_ = 0;
-  bool prep_stop_ = false;
-  std::vector<std::thread> preparers_;
-  std::mutex warm_mu_;  // guards warm_threads_; taken alone
-  std::vector<std::thread> warm_threads_;
-
-  AbsentKeys absent_;
+  // Flights by (main path, epoch), lookups ahead of warm-ups, the absent-keys
+  // cache. A prepare answers for its epoch only: one at a newer epoch never
+  // joins a flight of an older one (which may have lapsed meanwhile); the two
+  // may run at once, and only the one whose epoch is served publishes or
+  // answers 0. Its lock is taken alone, never across PrepareFile.
+  Preparer preparer_;
   Counters counters_;
   // Every RecordFailure; a round that sees it unchanged clears the failure.
   std::atomic<std::uint64_t> failures_seen_{0};
@@ -478,7 +392,6 @@ class Tenant final {
 // ---- start and stop ----
 
 Status Replicator::Impl::Start() {
-  o_.max_lookup_flights = std::max<std::size_t>(1, o_.max_lookup_flights);
   root_ = UniqueFd(::open(o_.backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root_.valid()) return ErrnoStatus("opening the backing directory " + o_.backing, errno);
   ::mkdirat(root_.get(), ".fleetfs", 0700);
@@ -585,9 +498,7 @@ Status Replicator::Impl::Start() {
     }
   }).detach();
   uploader_ = std::thread([this] { UploadLoop(); });
-  for (int i = 0; i < std::max(1, o_.prepare_threads); ++i) {
-    preparers_.emplace_back([this] { PrepareLoop(); });
-  }
+  preparer_.Start();
   return Status::Ok();
 }
 
@@ -598,30 +509,7 @@ void Replicator::Impl::Stop() {
   }
   upload_cv_.notify_all();
   if (uploader_.joinable()) uploader_.join();
-  {
-    std::lock_guard lock(prep_mu_);
-    prep_stop_ = true;
-  }
-  prep_cv_.notify_all();
-  for (auto& t : preparers_) t.join();
-  preparers_.clear();
-  std::vector<std::thread> warm;
-  {
-    std::lock_guard lock(warm_mu_);
-    warm.swap(warm_threads_);
-  }
-  for (auto& t : warm) t.join();
-  // Lookups still waiting get an error rather than no answer.
-  std::vector<std::shared_ptr<Flight>> left;
-  {
-    std::lock_guard lock(prep_mu_);
-    for (auto& [k, f] : flights_) left.push_back(f);
-    flights_.clear();
-    lookup_flights_ = 0;
-  }
-  for (auto& f : left) {
-    for (auto& w : f->waiters) w(EIO);
-  }
+  preparer_.Stop();  // lookups still waiting get EIO
 }
 
 // ---- the hooks ----
@@ -674,7 +562,7 @@ std::shared_ptr<TenantWatch> Replicator::Impl::Watch(const FleetFile& file, std:
     if (deleted_.count(main.main_path) > 0) return nullptr;
   }
   // Made (or opened) here: no longer absent.
-  absent_.Forget(main.main_path);
+  preparer_.absent().Forget(main.main_path);
   if (file.role == FileRole::kMain) {
     // The main file was opened or made again after a delete: the tenant
     // exists again, and its tombstone is superseded. (A sidecar opened by a
@@ -1224,7 +1112,7 @@ Status Replicator::Impl::AppendPendingSegment(KeyLog& k, const FleetFile& main, 
   counters_.txns_shipped += commits.size();
   counters_.bytes_shipped += bytes;
   ++counters_.segments;
-  absent_.Forget(main.main_path);
+  preparer_.absent().Forget(main.main_path);
   return Status::Ok();
 }
 
@@ -1274,7 +1162,7 @@ Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main,
   if (capture) capture->ClearGap(k.pending_gap_mark);
   ++counters_.snapshots;
   counters_.bytes_shipped += static_cast<std::uint64_t>(st.st_size);
-  absent_.Forget(main.main_path);  // shipped: the replica holds it now
+  preparer_.absent().Forget(main.main_path);  // shipped: the replica holds it now
   spdlog::info("replica: {} ships a snapshot at sequence {} of epoch {} ({} bytes)", main.main_path,
                out.seq, k.writer.position().epoch, st.st_size);
   Prune(k, main);
@@ -1649,125 +1537,30 @@ bool Replicator::Impl::Flush(MonoTime deadline) {
 
 void Replicator::Impl::Prepare(const FleetFile& main, std::uint64_t epoch,
                                std::function<void(int)> done, bool warm) {
-  if (!warm && absent_.Contains(main.main_path, epoch)) {
-    // Known absent at this epoch, and still not here (a local check on the
-    // caller's thread): answered without a job, so repeated lookups of
-    // absent names never queue ahead of a real first open. Only while the
-    // epoch is served: the absence is true for that epoch only.
+  preparer_.Prepare(main, epoch, std::move(done), warm);
+}
+
+PreparerOptions Replicator::Impl::PreparerOptionsFor(const ReplicatorOptions& o) {
+  PreparerOptions p;
+  p.threads = std::max(1, o.prepare_threads);
+  p.warm_parallel = o.warm_parallel;
+  p.max_lookup_flights = o.max_lookup_flights;
+  p.absent_keys = o.absent_keys;
+  p.destination = o.destination;
+  p.mode = o.mode;
+  p.work = [this](const PrepareJob& job) { return PrepareFile(job); };
+  p.serving_epoch = o.serving_epoch;
+  // A cached absence answers a lookup only while the name is still missing
+  // on the backing volume.
+  p.missing_here = [this](const FleetFile& main) {
     struct stat st;
-    if (::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
-        errno == ENOENT && StillServed(main, epoch)) {
-      if (done) done(0);
-      return;
-    }
-  }
-  std::unique_lock lock(prep_mu_);
-  if (prep_stop_) {
-    lock.unlock();
-    if (done) done(EIO);
-    return;
-  }
-  // A lookup that would add a flight beyond the bound is answered at once.
-  auto refuse = [&] {
-    const bool first = !refusing_;
-    refusing_ = true;
-    const std::size_t waiting = lookup_flights_;
-    lock.unlock();
-    ++counters_.prepares_refused;
-    if (first) {
-      spdlog::warn("replica: {} lookups wait for a prepare (the most at once); new ones are "
-                   "answered EAGAIN until some finish",
-                   waiting);
-    }
-    if (done) done(EAGAIN);
+    return ::fstatat(root_.get(), main.main_path.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+           errno == ENOENT;
   };
-  auto it = flights_.find({main.main_path, epoch});
-  if (it != flights_.end()) {
-    auto& f = it->second;
-    if (!warm && f->warm && !f->started) {
-      // A lookup waits now: it goes first, as a lookup's flight.
-      if (lookup_flights_ >= o_.max_lookup_flights) return refuse();
-      f->warm = false;
-      ++lookup_flights_;
-      high_.push_back(f);
-      prep_cv_.notify_one();
-    }
-    if (done) f->waiters.push_back(std::move(done));
-    return;
-  }
-  if (!warm && lookup_flights_ >= o_.max_lookup_flights) return refuse();
-  if (!warm) ++lookup_flights_;
-  auto f = std::make_shared<Flight>();
-  f->main = main;
-  f->epoch = epoch;
-  f->warm = warm;
-  if (done) f->waiters.push_back(std::move(done));
-  flights_.emplace(std::make_pair(main.main_path, epoch), f);
-  (warm ? low_ : high_).push_back(f);
-  prep_cv_.notify_one();
+  return p;
 }
 
-void Replicator::Impl::PrepareLoop() {
-  std::unique_lock lock(prep_mu_);
-  while (true) {
-    prep_cv_.wait(lock, [&] {
-      return prep_stop_ || !high_.empty() ||
-             (!low_.empty() && low_running_ < std::max(1, o_.warm_parallel));
-    });
-    if (prep_stop_) return;
-    std::shared_ptr<Flight> f;
-    bool from_low = false;
-    if (!high_.empty()) {
-      f = high_.front();
-      high_.pop_front();
-    } else {
-      f = low_.front();
-      low_.pop_front();
-      from_low = true;
-    }
-    if (f->started) continue;
-    f->started = true;
-    if (from_low) ++low_running_;
-    lock.unlock();
-    int err = RunPrepare(*f);
-    lock.lock();
-    if (from_low) --low_running_;
-    if (!f->warm && --lookup_flights_ < o_.max_lookup_flights) refusing_ = false;
-    auto it = flights_.find({f->main.main_path, f->epoch});
-    if (it != flights_.end() && it->second == f) flights_.erase(it);
-    auto waiters = std::move(f->waiters);
-    lock.unlock();
-    for (auto& w : waiters) w(err);
-    lock.lock();
-    prep_cv_.notify_all();
-  }
-}
-
-int Replicator::Impl::RunPrepare(const Flight& f) {
-  if (f.warm && !o_.serving_epoch) return 0;
-  if (f.warm && o_.serving_epoch(f.main.slot) != f.epoch) {
-    // A warm-up of an epoch no longer served does nothing (quietly: a whole
-    // range's may end so); a lookup that joined it after it started is not
-    // told its file is ready.
-    return ENOENT;
-  }
-  int err = kRaced;
-  for (int attempt = 0; attempt < kPrepareAttempts && err == kRaced; ++attempt) {
-    err = PrepareFile(f);
-  }
-  if (err == kRaced) {
-    spdlog::error("replica: {} kept appearing while it was restored; the lookup gets an error",
-                  f.main.main_path);
-    return EIO;
-  }
-  // Every answer 0 says "ready at this epoch", which is true only while the
-  // epoch is served: a flight of an older epoch that outlived it (a lookup at
-  // the new epoch is its own flight) answers an error instead.
-  if (err == 0 && !StillServed(f.main, f.epoch)) return NotServed(f.main, f.epoch, "prepare");
-  return err;
-}
-
-int Replicator::Impl::PrepareFile(const Flight& f) {
+int Replicator::Impl::PrepareFile(const PrepareJob& f) {
   const FleetFile& main = f.main;
   std::optional<std::uint64_t> deleted_at;
   {
@@ -1789,7 +1582,7 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
       return EIO;
     }
     const std::optional<std::uint64_t> stamped = ReadEpochStamp(file.get());
-    if (stamped.value_or(0) >= f.epoch) return 0;  // RunPrepare answers 0 only while f.epoch is served
+    if (stamped.value_or(0) >= f.epoch) return 0;  // the Preparer answers 0 only while f.epoch is served
     stamp = stamped.value_or(0);
     // Stamped 0 explicitly: a restore that published and then stopped (a
     // crash) before it cleared the stray sidecars and stamped its epoch. It
@@ -1798,7 +1591,7 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
   } else if (!deleted_at) {
     // Missing here. One listing says whether the replica holds anything;
     // nothing is made (no bucket, no file, no log state) unless it does.
-    if (!f.warm && absent_.Contains(main.main_path, f.epoch)) return 0;
+    if (!f.warm && preparer_.absent().Contains(main.main_path, f.epoch)) return 0;
     ++counters_.absent_listed;
     auto seqs = ListLog(*o_.destination, LogDir(main));
     if (!seqs.ok()) {
@@ -1811,7 +1604,7 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
       // Remembered for an epoch still served only: an entry says nothing
       // about another epoch, and could push out one that does.
       if (!StillServed(main, f.epoch)) return NotServed(main, f.epoch, "absent key");
-      absent_.Remember(main.main_path, f.epoch);
+      preparer_.absent().Remember(main.main_path, f.epoch);
       return 0;
     }
   }
@@ -1854,7 +1647,7 @@ int Replicator::Impl::PrepareFile(const Flight& f) {
       // Nothing in the log (retention cannot empty one): the file here, if
       // any, is all there is; the shipper takes the log when it ships.
       if (!exists) {
-        absent_.Remember(main.main_path, f.epoch);
+        preparer_.absent().Remember(main.main_path, f.epoch);
         return 0;
       }
     } else {
@@ -1980,7 +1773,7 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
   if (outcome->result != LogRestoreResult::kRestored) {
     if (!StillServed(main, epoch)) return lapsed();
     if (!replace) {
-      absent_.Remember(main.main_path, epoch);  // nothing to restore at this epoch
+      preparer_.absent().Remember(main.main_path, epoch);  // nothing to restore at this epoch
     } else if (outcome->result == LogRestoreResult::kNoReplica) {
       // The log holds no data (markers only, or nothing before a snapshot
       // landed): the file here is all there is. It is kept, and stamped so
@@ -2078,30 +1871,7 @@ void Replicator::Impl::ResetTenant(const FleetFile& main) {
 }
 
 void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {
-  std::lock_guard lock(warm_mu_);
-  warm_threads_.emplace_back([this, first, last, epoch] {
-    int queued = 0;
-    for (int b = first / kSlotsPerBucket; b <= last / kSlotsPerBucket; ++b) {
-      auto names = o_.destination->List(BucketName(b));
-      if (!names.ok()) {
-        spdlog::warn("replica: warm-up of {}-{}: {}", first, last, names.status().message());
-        return;
-      }
-      for (const auto& n : *names) {
-        auto file = ParseFleetName(o_.mode, b, n);
-        if (!file || file->role != FileRole::kMain || file->slot < first || file->slot > last) {
-          continue;
-        }
-        Prepare(*file, epoch, nullptr, /*warm=*/true);
-        ++queued;
-      }
-    }
-    if (queued > 0) {
-      spdlog::info("replica: warming range {}-{} at epoch {}: {} tenants queued", first, last,
-                   epoch, queued);
-    }
-    counters_.warm_queued += static_cast<std::uint64_t>(queued);
-  });
+  preparer_.Warm(first, last, epoch);
 }
 
 // ---- what operators see ----
@@ -2165,10 +1935,10 @@ ReplicationStats Replicator::Impl::Stats() const {
   s.stale_replaced = counters_.stale_replaced.load();
   s.tombstones = counters_.tombstones.load();
   s.newer_epochs = counters_.newer_epochs.load();
-  s.warm_queued = counters_.warm_queued.load();
+  s.warm_queued = preparer_.warm_queued();
   s.capture_failures = counters_.capture_failures.load();
   s.absent_listed = counters_.absent_listed.load();
-  s.prepares_refused = counters_.prepares_refused.load();
+  s.prepares_refused = preparer_.prepares_refused();
   s.continued = counters_.continued.load();
   std::vector<double> lags;
   {

@@ -33,11 +33,12 @@
 // then the key answers absent unless the log shows a newer owner's objects
 // after the delete.
 //
-// Prepare. Lookups of main files are prepared on worker threads, one flight
-// per key and epoch however many lookups wait (a lookup at a newer epoch
-// never joins an older epoch's flight, and a flight answers 0, raises a stamp
-// or publishes a restore only while its epoch is served); a warm-up after a claim restores a
-// range's tenants in the background a few at a time, behind lookups. A key
+// Prepare (fleet/replica/preparer.h). Lookups of main files are prepared on
+// worker threads, one flight per key and epoch however many lookups wait (a
+// lookup at a newer epoch never joins an older epoch's flight, and a flight
+// answers 0, raises a stamp or publishes a restore only while its epoch is
+// served); a warm-up after a claim restores a range's tenants in the
+// background a few at a time, behind lookups. A key
 // missing here costs one listing of the replica and creates nothing unless
 // there is something to restore; its absence is remembered for the epoch (at
 // one epoch only this host writes the key's replica), so a repeated lookup

@@ -105,6 +105,9 @@ constexpr ReplicationCounter kReplicationCounters[] = {
      "Tenants the shipper looked at, over all rounds (only those written or with something "
      "left to ship are).",
      &RS::tenant_visits},
+    {"oversized_transactions", "fleetfs_replication_oversized_transactions_total",
+     "Transactions larger than one capture holds, shipped in snapshots read from the file.",
+     &RS::oversized_transactions},
     {"dropped_to_snapshot", "fleetfs_replication_dropped_to_snapshot_total",
      "Times a tenant's captured commits were dropped (capture memory and spill full); each "
      "makes it need a full snapshot.",

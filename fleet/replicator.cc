@@ -94,6 +94,7 @@ class Replicator::Impl {
   // Called with its capture's lock held: takes active_mu_ only.
   void Activate(const std::string& main_path);
   const std::shared_ptr<CaptureBudget>& budget() const { return budget_; }
+  std::uint64_t max_txn_bytes() const { return o_.max_txn_bytes; }
 
  private:
   struct Tombstone {
@@ -349,7 +350,8 @@ class Tenant final {
   Tenant(Replicator::Impl& r, FleetFile main, std::shared_ptr<KeyLog> log)
       : capture_(std::make_shared<Capture>(
             CaptureOptions{r.root(), r.wall(), r.budget(), [&r] { r.CountCaptureFailure(); },
-                           [&r, path = main.main_path] { r.Activate(path); }},
+                           [&r, path = main.main_path] { r.Activate(path); },
+                           r.max_txn_bytes()},
             std::move(main))),
         log_(std::move(log)),
         continuable_(ShippedState(r.root(), capture_->main())) {}
@@ -1960,6 +1962,7 @@ ReplicationStats Replicator::Impl::Stats() const {
     s.capture_spill_limit = budget_->spill_limit();
     s.capture_spilled = budget_->spilled.load();
     s.dropped_to_snapshot = budget_->drops.load();
+    s.oversized_transactions = budget_->oversized.load();
   }
   {
     std::lock_guard lock(tenants_mu_);

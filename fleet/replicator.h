@@ -106,6 +106,9 @@ struct ReplicatorOptions {
   // tenant's captured commits are dropped: it needs a full snapshot. 0: no
   // spill.
   std::uint64_t capture_spill_bytes = 4ull << 30;
+  // The most one transaction's pages are held while it is captured; a larger
+  // one ships in a snapshot read from the file (CaptureOptions).
+  std::uint64_t max_txn_bytes = 64ull << 20;
   // The epoch this host serves `slot` at now, if it serves it; nullopt once
   // the local lease has ended (the agent answers from its refresher, which
   // reads the monotonic clock). Asked again right before a restore publishes.
@@ -163,6 +166,8 @@ struct ReplicationStats {
   // Times a tenant's captured commits were dropped because both bounds were
   // full (each makes it need a full snapshot).
   std::uint64_t dropped_to_snapshot = 0;
+  // Transactions larger than max_txn_bytes, shipped in snapshots instead.
+  std::uint64_t oversized_transactions = 0;
   // Tenants that need a full snapshot because their captured commits were
   // dropped, until it ships; the largest of them, and its size (what the
   // destination must take in one object before it is replicated again).

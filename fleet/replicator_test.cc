@@ -1712,6 +1712,43 @@ TEST_F(ReplicatorTest, a_round_ships_every_tenants_segments_before_any_snapshot)
   flush.join();
 }
 
+// The structure: memory per tenant is bounded, a large transaction is not held.
+TEST_F(ReplicatorTest, a_transaction_larger_than_a_capture_holds_ships_in_a_snapshot_of_the_file) {
+  ReplicatorOptions o = Options();
+  o.max_txn_bytes = 256 << 10;
+  Start(std::move(o));
+  FleetFile k = Main("bulk-load");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 5);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  const auto snapshots = rep_->Stats().snapshots;
+  // About 3 MiB in one transaction, twelve times the bound; one small
+  // commit before it (in the same round) and one after it.
+  Insert(db, 5, 6);
+  db.Exec("BEGIN");
+  for (int i = 100; i < 1100; ++i) {
+    db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
+  }
+  db.Exec("COMMIT");
+  Insert(db, 6, 7);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().oversized_transactions, 1u);
+  EXPECT_EQ(rep_->Stats().snapshots, snapshots + 1) << "the large transaction did not ship as a snapshot";
+  EXPECT_LT(rep_->Stats().capture_memory_peak, 1u << 20) << "the large transaction was held";
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 1007);
+  EXPECT_EQ(copy.Text("PRAGMA integrity_check"), "ok");
+  // Segments again after it.
+  const auto segments = rep_->Stats().segments;
+  Insert(db, 7, 8);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().segments, segments + 1);
+}
+
 // ---- issue 10 item 11: one bound on captured commits for the whole agent ----
 
 // Transactions of ten rows of 3000 bytes each, the log read between

@@ -64,15 +64,23 @@ FrameHeader ParseFrameHeader(const std::uint8_t* bytes) {
                      {Be32(bytes + 16), Be32(bytes + 20)}};
 }
 
-Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_bytes) {
-  ReadResult result;
+namespace {
+
+// The valid frames after `cursor` (the checksum chain and salts hold), in
+// order: `on_frame(page number, page bytes, offset of the frame)` for each,
+// then `on_commit(frame header, offset of the frame)` for a commit frame.
+// The cursor advances past each commit; frames after the last commit are
+// read and not kept. False from on_commit stops the walk (after it).
+template <typename OnFrame, typename OnCommit>
+Result<std::optional<Header>> WalkCommitted(int fd, WalCursor& cursor, bool* restarted,
+                                            OnFrame on_frame, OnCommit on_commit) {
   std::uint8_t hbuf[kHeaderSize];
   FLEETFS_ASSIGN_OR_RETURN(std::size_t got, PreadFull(fd, hbuf, sizeof hbuf, 0));
   std::optional<Header> header = ParseHeader(hbuf, got);
-  if (!header) return result;  // no log yet, or a header being written
+  if (!header) return header;  // no log yet, or a header being written
   if (!cursor.header || cursor.header->salt1 != header->salt1 ||
       cursor.header->salt2 != header->salt2) {
-    result.restarted = cursor.header.has_value();
+    if (restarted) *restarted = cursor.header.has_value();
     cursor.header = header;
     cursor.offset = kHeaderSize;
     cursor.chain = header->checksum;
@@ -87,10 +95,8 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
   // its page faults cost more than the read.
   thread_local std::vector<std::uint8_t> batch;
   batch.resize(frame_size * kBatchFrames);
-  std::map<std::uint32_t, std::string> open_pages;  // of the transaction being read
   std::uint64_t offset = cursor.offset;
   Checksum chain = cursor.chain;
-  std::uint64_t returned = 0;
   while (true) {
     FLEETFS_ASSIGN_OR_RETURN(std::size_t n, PreadFull(fd, batch.data(), batch.size(), offset));
     std::size_t frames = n / frame_size;
@@ -110,28 +116,82 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
         break;
       }
       chain = next;
-      open_pages[fh.page_number].assign(reinterpret_cast<const char*>(f + kFrameHeaderSize),
-                                        page_size);
+      on_frame(fh.page_number, f + kFrameHeaderSize, offset);
       offset += frame_size;
       if (fh.commit_pages != 0) {
+        cursor.offset = offset;
+        cursor.chain = chain;
+        if (!on_commit(fh, offset - frame_size)) return header;
+      }
+    }
+    if (stop || frames < kBatchFrames) break;
+  }
+  return header;
+}
+
+}  // namespace
+
+Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_bytes,
+                                 std::uint64_t max_txn_bytes) {
+  ReadResult result;
+  std::map<std::uint32_t, std::string> open_pages;  // of the transaction being read
+  std::uint64_t open_bytes = 0;
+  bool oversized = false;  // its pages are no longer kept
+  std::uint64_t returned = 0;
+  std::uint32_t page_size = 0;
+  auto walked = WalkCommitted(
+      fd, cursor, &result.restarted,
+      [&](std::uint32_t pgno, const std::uint8_t* data, std::uint64_t) {
+        if (oversized) return;
+        auto [it, added] = open_pages.try_emplace(pgno);
+        if (added) open_bytes += cursor.header->page_size;
+        it->second.assign(reinterpret_cast<const char*>(data), cursor.header->page_size);
+        if (max_txn_bytes != 0 && open_bytes > max_txn_bytes) {
+          // Held whole it would be as large as it is (many GB): it is
+          // reported instead, for the caller to ship the file.
+          oversized = true;
+          open_pages.clear();
+        }
+      },
+      [&](const FrameHeader& fh, std::uint64_t frame_offset) {
+        page_size = cursor.header->page_size;
         CommittedTxn txn;
         txn.page_size = page_size;
         txn.db_pages = fh.commit_pages;
-        txn.commit_frame_offset = offset - frame_size;
+        txn.commit_frame_offset = frame_offset;
+        txn.oversized = oversized;
         for (auto& [pgno, data] : open_pages) {
           returned += data.size();
           txn.pages.emplace_back(pgno, std::move(data));
         }
         open_pages.clear();
+        open_bytes = 0;
+        oversized = false;
         result.txns.push_back(std::move(txn));
-        cursor.offset = offset;
-        cursor.chain = chain;
-        if (max_bytes != 0 && returned >= max_bytes) return result;
-      }
-    }
-    if (stop || frames < kBatchFrames) break;
-  }
+        return max_bytes == 0 || returned < max_bytes;
+      });
+  if (!walked.ok()) return walked.status();
   return result;
+}
+
+Result<CommittedIndex> IndexCommitted(int fd) {
+  CommittedIndex index;
+  WalCursor cursor;
+  std::map<std::uint32_t, std::uint64_t> open;  // of the transaction being read
+  auto walked = WalkCommitted(
+      fd, cursor, nullptr,
+      [&](std::uint32_t pgno, const std::uint8_t*, std::uint64_t frame_offset) {
+        open[pgno] = frame_offset + kFrameHeaderSize;
+      },
+      [&](const FrameHeader& fh, std::uint64_t) {
+        for (auto& [pgno, at] : open) index.pages[pgno] = at;
+        open.clear();
+        index.db_pages = fh.commit_pages;
+        return true;
+      });
+  if (!walked.ok()) return walked.status();
+  if (*walked) index.page_size = (*walked)->page_size;
+  return index;
 }
 
 }  // namespace fleetfs::wal

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,6 +79,9 @@ struct CommittedTxn {
   std::uint32_t db_pages = 0;
   std::uint64_t commit_frame_offset = 0;  // of the commit frame in the log
   std::vector<std::pair<std::uint32_t, std::string>> pages;
+  // Its pages came to more than ReadCommitted's `max_txn_bytes`: `pages` is
+  // empty (the transaction is committed, and only the file holds it).
+  bool oversized = false;
 };
 
 struct ReadResult {
@@ -91,6 +95,20 @@ struct ReadResult {
 // `restarted` is set when the cursor had another header. An absent or
 // unreadable header reads as no transactions. `max_bytes` bounds the page
 // bytes returned in one call (0: no bound); the cursor stops at a commit.
-Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_bytes = 0);
+// `max_txn_bytes` bounds what one transaction may hold in memory (0: no
+// bound): a larger one comes back `oversized`, without its pages, so memory
+// stays bounded however large a transaction is.
+Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_bytes = 0,
+                                 std::uint64_t max_txn_bytes = 0);
+
+// Where the newest committed version of each page is in the log open on
+// `fd`: what a snapshot lays over the main file, read from the log as it
+// copies, so a log of any size costs a few bytes per page, never its pages.
+struct CommittedIndex {
+  std::uint32_t page_size = 0;
+  std::uint32_t db_pages = 0;  // the database's size after the last commit; 0: no commit
+  std::map<std::uint32_t, std::uint64_t> pages;  // page number -> offset of its bytes in the log
+};
+Result<CommittedIndex> IndexCommitted(int fd);
 
 }  // namespace fleetfs::wal

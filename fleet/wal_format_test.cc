@@ -146,6 +146,70 @@ TEST_F(WalFile, a_restart_is_seen_by_its_header_and_old_frames_are_not_read_agai
   EXPECT_GT(fs::file_size(path_ + "-wal"), cursor.offset);
 }
 
+TEST_F(WalFile, a_transaction_larger_than_the_bound_comes_back_without_its_pages) {
+  Insert(0, 2);
+  // One transaction of about 200 pages, between two small ones.
+  Exec("BEGIN");
+  for (int i = 0; i < 200; ++i) Exec("INSERT INTO t VALUES (randomblob(4000))");
+  Exec("COMMIT");
+  Insert(2, 3);
+  UniqueFd fd = OpenWal();
+  WalCursor cursor;
+  auto read = ReadCommitted(fd.get(), cursor, 0, 64 * 4096);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  ASSERT_EQ(read->txns.size(), 5u);  // the CREATE TABLE, two inserts, the large one, one insert
+  EXPECT_FALSE(read->txns[2].oversized);
+  EXPECT_TRUE(read->txns[3].oversized) << "a transaction above the bound was held whole";
+  EXPECT_TRUE(read->txns[3].pages.empty());
+  EXPECT_GT(read->txns[3].db_pages, 200u);
+  EXPECT_FALSE(read->txns[4].oversized) << "the transaction after the large one was lost";
+  EXPECT_FALSE(read->txns[4].pages.empty());
+  EXPECT_TRUE(ReadCommitted(fd.get(), cursor)->txns.empty()) << "the cursor stopped before the end";
+}
+
+TEST_F(WalFile, the_index_of_committed_pages_rebuilds_what_sqlite_committed) {
+  Insert(0, 10);
+  Exec("BEGIN");
+  for (int i = 0; i < 100; ++i) Exec("INSERT INTO t VALUES (randomblob(4000))");
+  Exec("COMMIT");
+  UniqueFd fd = OpenWal();
+  auto index = IndexCommitted(fd.get());
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  ASSERT_NE(index->page_size, 0u);
+  // The main file with each indexed page read from the log laid over it.
+  std::vector<CommittedTxn> one(1);
+  one[0].page_size = index->page_size;
+  one[0].db_pages = index->db_pages;
+  for (const auto& [pgno, at] : index->pages) {
+    std::string page(index->page_size, '\0');
+    ASSERT_EQ(::pread(fd.get(), page.data(), page.size(), static_cast<off_t>(at)),
+              static_cast<ssize_t>(page.size()));
+    one[0].pages.emplace_back(pgno, std::move(page));
+  }
+  EXPECT_EQ(RowsAfter(one), 110);
+}
+
+TEST_F(WalFile, the_index_leaves_out_a_transaction_not_yet_committed) {
+  Insert(0, 3);
+  UniqueFd fd = OpenWal();
+  ASSERT_TRUE(IndexCommitted(fd.get()).ok());
+  // The log's end cut back into the last transaction's frames.
+  const auto size = fs::file_size(path_ + "-wal");
+  fs::resize_file(path_ + "-wal", size - 100);
+  auto cut = IndexCommitted(fd.get());
+  ASSERT_TRUE(cut.ok());
+  std::vector<CommittedTxn> one(1);
+  one[0].page_size = cut->page_size;
+  one[0].db_pages = cut->db_pages;
+  for (const auto& [pgno, at] : cut->pages) {
+    std::string page(cut->page_size, '\0');
+    ASSERT_EQ(::pread(fd.get(), page.data(), page.size(), static_cast<off_t>(at)),
+              static_cast<ssize_t>(page.size()));
+    one[0].pages.emplace_back(pgno, std::move(page));
+  }
+  EXPECT_EQ(RowsAfter(one), 2) << "a cut transaction was indexed as committed";
+}
+
 TEST(WalHeader, a_zeroed_or_torn_header_is_not_a_log) {
   std::uint8_t zero[kHeaderSize] = {};
   EXPECT_FALSE(ParseHeader(zero, sizeof zero));

@@ -650,7 +650,7 @@ void Capture::CaptureWal() {
     CaptureFailedLocked("WAL", std::string("opening it: ") + std::strerror(err));
     return;
   }
-  auto read = wal::ReadCommitted(fd.get(), cursor_);
+  auto read = wal::ReadCommitted(fd.get(), cursor_, 0, o_.max_txn_bytes);
   if (!read.ok()) {
     std::lock_guard lock(mu_);
     CaptureFailedLocked("WAL", read.status().message());
@@ -667,9 +667,24 @@ void Capture::CaptureWal() {
       t.writes.push_back(PageWrite{std::uint64_t{pgno - 1} * c.page_size, std::move(data)});
     }
     commit_seen_.erase(commit_seen_.begin(), commit_seen_.upper_bound(c.commit_frame_offset));
+    if (c.oversized) {
+      OversizedLocked(t.commit_ms);
+      continue;
+    }
     PushLocked(std::move(t));
   }
   PublishLocked();
+}
+
+// A committed transaction too large to hold: what was captured before it
+// still ships as segments, and the snapshot after them carries it.
+void Capture::OversizedLocked(WallMs commit_ms) {
+  if (unshipped_since_ms_ == 0 || commit_ms < unshipped_since_ms_) unshipped_since_ms_ = commit_ms;
+  MarkGapLocked(CountLocked());
+  ++budget_->oversized;
+  spdlog::info("replica: {} committed a transaction larger than one capture holds ({} bytes); "
+               "it ships in a snapshot read from the file",
+               main_.main_path, o_.max_txn_bytes);
 }
 
 // The journal is finished: the main file's written ranges are the commit.
@@ -695,6 +710,10 @@ void Capture::FinishJournalLocked() {
   dirty_.clear();
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  if (pages.size() * page > o_.max_txn_bytes) {
+    OversizedLocked(o_.wall->NowMs());
+    return;
+  }
   Txn t;
   t.commit_ms = o_.wall->NowMs();
   t.db_size = size;

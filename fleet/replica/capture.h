@@ -18,7 +18,9 @@
 // that lost its place marks a gap: the next shipment is a snapshot, and what
 // was captured after the gap never goes into the generation before it.
 //
-// Bounds. Captured commits wait in memory while the agent's CaptureBudget
+// Bounds. A transaction larger than max_txn_bytes is never held: it marks a
+// gap, so the snapshot that follows ships it from the file. Captured commits
+// wait in memory while the agent's CaptureBudget
 // allows (one bound for every tenant: an outage once grew memory by 256 MiB
 // per tenant), then in the tenant's spill file (spill_file.h), in commit
 // order. Beyond both they are dropped with a gap, logged once per episode
@@ -119,6 +121,9 @@ class CaptureBudget {
   // Counted by the captures.
   std::atomic<std::uint64_t> spilled{0};  // transactions written to spill files
   std::atomic<std::uint64_t> drops{0};    // times a tenant's captured commits were dropped
+  // Transactions larger than a capture holds (max_txn_bytes), shipped in
+  // snapshots instead.
+  std::atomic<std::uint64_t> oversized{0};
   // Set from the first spill until shipping drains every spill file: the
   // first of an episode is logged, once for the agent.
   std::atomic<bool> spilling{false};
@@ -150,6 +155,11 @@ struct CaptureOptions {
   // shipper visits only such tenants, so its work follows the writes, not
   // the tenants ever seen.
   std::function<void()> on_active;
+  // The most one transaction's pages may take in memory while it is read.
+  // A larger one (a bulk load, a VACUUM) is not held: it is counted
+  // (on_failure is not called) and the next shipment is a snapshot, which
+  // reads the file as it copies.
+  std::uint64_t max_txn_bytes = 64ull << 20;
 };
 
 // What the shipper reads at the start of a round, in one look.
@@ -247,6 +257,7 @@ class Capture final : public TenantWatch {
   void PublishLocked();
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);
+  void OversizedLocked(WallMs commit_ms);
   void RemoveMarkerLocked();
   void LearnWalPageSize();
   void PushLocked(Txn txn);

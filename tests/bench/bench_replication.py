@@ -12,7 +12,10 @@
   4. requests to the destination per tenant per hour, by kind (what S3
      bills), for one tenant committing once per second at the default sync
      interval (1 s), from the agent's fleetfs_replica_requests_total: the goal
-     is one create per round with something to ship and no list.
+     is one create per round with something to ship and no list; beside it
+     --idle-tenants tenants written once and shipped before the window, and
+     the tenants the shipper visits per round meanwhile
+     (fleetfs_replication_tenant_visits_total): the goal is the one written.
 
 Not a test: it asserts nothing about speed. Usage (as root):
   python3 tests/bench/bench_replication.py --binary build/agent/fleetfs
@@ -127,13 +130,21 @@ def wait_shipped(agent, timeout=30):
     raise RuntimeError("the agent did not ship everything in time")
 
 
-def requests_per_hour(binary, root, agents, seconds):
+def requests_per_hour(binary, root, agents, seconds, idle):
     """One tenant committing once per second: requests to the destination in
     steady state (after the tenant's creation, first snapshot and the claim's
-    warm-up listing), extrapolated to an hour."""
+    warm-up listing), extrapolated to an hour; and the shipper's visits per
+    round, with `idle` other tenants written once before the window."""
     a = Agent(binary, root, "requests",
               ["--replica", f"file://{root}/replica-requests", "--sync-interval", "1s"])
     agents.append(a)
+    for n in range(idle):
+        other = sqlite3.connect(os.path.join(a.mount, tenant_path(binary, f"idle-{n}")),
+                                isolation_level=None)
+        other.execute("PRAGMA journal_mode=WAL")
+        other.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+        other.execute("INSERT INTO t(v) VALUES ('once')")
+        other.close()
     rel = tenant_path(binary, "requests-tenant")
     db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
@@ -148,6 +159,8 @@ def requests_per_hour(binary, root, agents, seconds):
         if now == before:
             break
         before = now
+    visits_before = a.metrics()["fleetfs_replication_tenant_visits_total"]
+    window_started = time.perf_counter()
     commits = 0
     next_at = time.perf_counter()
     end = next_at + seconds
@@ -159,6 +172,8 @@ def requests_per_hour(binary, root, agents, seconds):
         if delay > 0:
             time.sleep(delay)
     wait_shipped(a)
+    window = time.perf_counter() - window_started
+    visits = a.metrics()["fleetfs_replication_tenant_visits_total"] - visits_before
     after = requests(a)
     db.close()
     a.stop()
@@ -174,6 +189,9 @@ def requests_per_hour(binary, root, agents, seconds):
     creates = after["create"] - before["create"]
     print(f"   {commits} commits, {creates:.0f} creates: creates/commits "
           f"{creates / commits:.2f} (the goal: 1 per round with something to ship, no list)")
+    print(f"   tenants visited per round: {visits / window:.2f} (visits {visits:.0f} over "
+          f"{window:.0f} s), with {idle} other tenants written once before the window "
+          f"(the goal: the one written)")
 
 
 def main():
@@ -186,6 +204,8 @@ def main():
     ap.add_argument("--restore-mb", type=int, default=1024)
     ap.add_argument("--requests-seconds", type=float, default=60,
                     help="length of the requests-per-hour window (one commit per second)")
+    ap.add_argument("--idle-tenants", type=int, default=1000,
+                    help="tenants written once before the requests window (workload 4)")
     ap.add_argument("--only", choices=("throughput", "lag", "restore", "requests"),
                     help="run one workload")
     ap.add_argument("--dir", default="/var/tmp")
@@ -289,7 +309,7 @@ def main():
 
         # 4. requests to the destination per tenant per hour.
         if want("requests"):
-            requests_per_hour(args.binary, root, agents, args.requests_seconds)
+            requests_per_hour(args.binary, root, agents, args.requests_seconds, args.idle_tenants)
     finally:
         for a in agents:
             try:

@@ -50,6 +50,10 @@
 // BACKING/.fleetfs/unshipped/, so an agent that restarts after a crash ships
 // them (from a snapshot) even if nobody writes again.
 //
+// The implementation: Replicator::Impl in fleet/replica/replicator_impl.h;
+// start, stop, the hooks and the figures in fleet/replicator.cc; shipping in
+// fleet/replica/shipper.cc; the prepare work in fleet/replica/restorer.cc.
+//
 // Thread-safety: every public method is safe from any thread. Stats() and
 // LagSeconds() read counters and numbers each tenant publishes, under no lock
 // that I/O can hold, so the agent's loop may call them during a snapshot.

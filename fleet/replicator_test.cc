@@ -749,13 +749,14 @@ class Db {
   // The mount's part, for a database in WAL mode written here directly:
   // every statement is reported to the tenant's capture as a write through
   // the mount would be (the shipper visits only tenants told of a change).
-  void ReportTo(std::shared_ptr<TenantWatch> watch) { watch_ = std::move(watch); }
+  // Not kept alive by it: a watch of a replicator a test ended is not told.
+  void ReportTo(const std::shared_ptr<TenantWatch>& watch) { watch_ = watch; }
   void Exec(const std::string& sql) {
     char* err = nullptr;
     EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK)
         << sql << ": " << (err ? err : "");
     sqlite3_free(err);
-    if (watch_) { auto guard = watch_->BeforeTruncate(FileRole::kMain, 0); }
+    if (auto w = watch_.lock()) { auto guard = w->BeforeTruncate(FileRole::kMain, 0); }
   }
   std::string Text(const std::string& sql) {
     sqlite3_stmt* st = nullptr;
@@ -786,7 +787,7 @@ class Db {
 
  private:
   sqlite3* db_ = nullptr;
-  std::shared_ptr<TenantWatch> watch_;
+  std::weak_ptr<TenantWatch> watch_;
 };
 
 void Insert(Db& db, int from, int to) {

@@ -805,9 +805,10 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   struct stat st;
   ::fstat(main.get(), &st);
   std::uint64_t db_size = static_cast<std::uint64_t>(st.st_size);
-  // The committed frames of the whole log, newest version of each page.
-  std::map<std::uint32_t, std::string> overlay;
-  std::uint32_t page = 0;
+  // Where the newest committed version of each page is in the log: read
+  // from it as the copy goes, so a log of any size (a bulk load) is never
+  // held in memory.
+  wal::CommittedIndex overlay;
   UniqueFd walfd(::openat(root_.get(), (t.main().main_path + "-wal").c_str(), O_RDONLY | O_CLOEXEC));
   if (!walfd.valid() && errno != ENOENT) {
     // Without the log's commits the copy would not be the committed state.
@@ -816,19 +817,15 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
     return s;
   }
   if (walfd.valid()) {
-    wal::WalCursor fresh;
-    auto read = wal::ReadCommitted(walfd.get(), fresh);
-    if (!read.ok()) {
-      Status s = read.status().WithContext("reading the WAL of " + t.main().main_path +
-                                           " for a snapshot");
+    auto index = wal::IndexCommitted(walfd.get());
+    if (!index.ok()) {
+      Status s = index.status().WithContext("reading the WAL of " + t.main().main_path +
+                                            " for a snapshot");
       hold.CaptureFailed();
       return s;
     }
-    for (auto& c : read->txns) {
-      page = c.page_size;
-      db_size = std::uint64_t{c.db_pages} * c.page_size;
-      for (auto& [pgno, data] : c.pages) overlay[pgno] = std::move(data);
-    }
+    overlay = std::move(*index);
+    if (overlay.db_pages != 0) db_size = std::uint64_t{overlay.db_pages} * overlay.page_size;
   }
   // An unnamed file in the spool directory: it goes away with its descriptor,
   // so a snapshot never stays on the volume after its upload (or a crash).
@@ -840,19 +837,33 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
                        errno);
   }
   SnapshotOwner owner{st.st_uid, st.st_gid, st.st_mode & 07777};
+  const std::uint64_t page = overlay.page_size;
+  int overlay_errno = 0;  // a page of the log that could not be read
   auto sum = WriteLogSnapshot(
       main.get(), db_size, at, NowMs(), owner,
       [&](std::uint64_t off, char* buf, std::size_t n) {
-        if (overlay.empty() || page == 0) return;
+        if (overlay.pages.empty() || page == 0 || overlay_errno != 0) return;
         for (std::uint64_t p = off / page; p * page < off + n; ++p) {
-          auto it = overlay.find(static_cast<std::uint32_t>(p + 1));
-          if (it != overlay.end() && p * page >= off) {
-            std::memcpy(buf + (p * page - off), it->second.data(),
-                        std::min<std::size_t>(page, off + n - p * page));
+          auto it = overlay.pages.find(static_cast<std::uint32_t>(p + 1));
+          if (it != overlay.pages.end() && p * page >= off) {
+            const std::size_t len = std::min<std::uint64_t>(page, off + n - p * page);
+            const ssize_t got =
+                ::pread(walfd.get(), buf + (p * page - off), len, static_cast<off_t>(it->second));
+            if (got != static_cast<ssize_t>(len)) {
+              overlay_errno = got < 0 ? errno : EIO;  // short: the log shrank under the hold
+              return;
+            }
           }
         }
       },
       out.get());
+  if (sum.ok() && overlay_errno != 0) {
+    // The copy is not the committed state: not shipped.
+    Status s = ErrnoStatus("reading the WAL of " + t.main().main_path + " for a snapshot",
+                           overlay_errno);
+    hold.CaptureFailed();
+    return s;
+  }
   if (!sum.ok()) {
     t.capture().MarkGap();
     return sum.status().WithContext("snapshot of " + t.main().main_path);

@@ -534,7 +534,10 @@ reserve the snapshot spool keeps for the applications); they ship in commit
 order once it heals. Beyond both, a tenant's captured commits are dropped and
 it needs a full snapshot: logged, and in /health, the status and /metrics
 (snapshot_needed), since a destination without room for an object that large
-cannot replicate it again.
+cannot replicate it again. A transaction larger than 64 MiB is never held in
+memory: it ships in a snapshot read from the file. Each round visits only the
+tenants written since their last shipment, and those whose periodic snapshot
+is due.
 
 BACKING VOLUME FAULTS
 Writes failing with ENOSPC make /health 503 ("the backing volume ... is

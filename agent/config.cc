@@ -16,7 +16,7 @@
 
 #include "fleet/unique_fd.h"
 
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 #include "lease/lease_ttl.h"
 #include "lease/store_url.h"
 

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "fleet/layout.h"
+#include "fleet/replica/destination.h"
 #include "fleet/replica/log_names.h"
 #include "fleet/replica/log_object.h"
 #include "fleet/replica/log_reader.h"
-#include "fleet/replica_destination.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::agent {

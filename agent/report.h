@@ -15,7 +15,7 @@
 
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
-#include "fleet/counting_destination.h"
+#include "fleet/replica/counting_destination.h"
 #include "fleet/replicator.h"
 #include "lease/host_ownership.h"
 #include "vfs/vfs_stats.h"

@@ -69,7 +69,7 @@
 
 #include "fleet/clock.h"
 #include "fleet/layout.h"
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 #include "fleet/status.h"
 #include "fleet/tenant_hooks.h"
 

@@ -24,7 +24,7 @@
 #include <set>
 #include <thread>
 
-#include "fleet/destination_fakes.h"
+#include "fleet/replica/destination_fakes.h"
 #include "fleet/replica/log_names.h"
 #include "fleet/replica/log_reader.h"
 #include "fleet/replica/log_writer.h"

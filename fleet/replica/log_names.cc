@@ -4,7 +4,7 @@
 #include <charconv>
 #include <cstdio>
 
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 
 namespace fleetfs::replica {
 namespace {

@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fleet/destination_fakes.h"
+#include "fleet/replica/destination_fakes.h"
 #include "fleet/replica/log_names.h"
 #include "fleet/replica/log_test_support.h"
 #include "fleet/replica/log_writer.h"

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "fleet/replica/destination.h"
 #include "fleet/replica/log_object.h"
 #include "fleet/replica/log_writer.h"
-#include "fleet/replica_destination.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::replica::testing {

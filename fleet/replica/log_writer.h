@@ -42,8 +42,8 @@
 #include <string>
 
 #include "fleet/clock.h"
+#include "fleet/replica/destination.h"
 #include "fleet/replica/log_object.h"
-#include "fleet/replica_destination.h"
 #include "fleet/status.h"
 
 namespace fleetfs::replica {

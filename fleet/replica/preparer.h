@@ -47,7 +47,7 @@
 
 #include "fleet/layout.h"
 #include "fleet/replica/absent_keys.h"
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 
 namespace fleetfs::replica {
 

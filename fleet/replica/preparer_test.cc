@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "fleet/destination_fakes.h"
+#include "fleet/replica/destination_fakes.h"
 #include "fleet/replica/log_names.h"
 
 namespace fleetfs::replica {

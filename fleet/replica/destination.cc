@@ -1,4 +1,4 @@
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@
 #include <latch>
 #include <thread>
 
-#include "fleet/counting_destination.h"
-#include "fleet/destination_fakes.h"
+#include "fleet/replica/counting_destination.h"
+#include "fleet/replica/destination_fakes.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::replica {

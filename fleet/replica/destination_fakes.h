@@ -24,8 +24,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fleet/counting_destination.h"
-#include "fleet/replica_destination.h"
+#include "fleet/replica/counting_destination.h"
+#include "fleet/replica/destination.h"
 
 namespace fleetfs::replica {
 

@@ -1,4 +1,4 @@
-#include "fleet/destination_fakes.h"
+#include "fleet/replica/destination_fakes.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -19,7 +19,7 @@
 #include <string>
 #include <string_view>
 
-#include "fleet/replica_destination.h"
+#include "fleet/replica/destination.h"
 
 namespace fleetfs::replica {
 

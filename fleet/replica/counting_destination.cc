@@ -1,4 +1,4 @@
-#include "fleet/counting_destination.h"
+#include "fleet/replica/counting_destination.h"
 
 namespace fleetfs::replica {
 

@@ -30,6 +30,7 @@
 #include "fleet/replica/log_writer.h"
 #include "fleet/tenant_file.h"
 #include "fleet/unique_fd.h"
+#include "fleet/wal_format.h"
 
 namespace fleetfs::replica {
 namespace {
@@ -1748,6 +1749,123 @@ TEST_F(ReplicatorTest, a_transaction_larger_than_a_capture_holds_ships_in_a_snap
   Insert(db, 7, 8);
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   EXPECT_EQ(rep_->Stats().segments, segments + 1);
+}
+
+// A wall clock that moves a millisecond at each reading, and jumps when told:
+// every commit has a time of its own.
+class StepWall final : public WallClock {
+ public:
+  WallMs NowMs() const override { return base_.load() + calls_.fetch_add(1); }
+  void Jump(WallMs ms) { base_ += ms; }
+
+ private:
+  std::atomic<WallMs> base_{1'700'000'000'000};
+  mutable std::atomic<WallMs> calls_{0};
+};
+
+// Review: a periodic snapshot whose hold captures a transaction too large
+// to hold (B) and a small one after it (C) must not ship C as a segment
+// ahead of the snapshot, on a chain that never got B.
+TEST_F(ReplicatorTest, a_periodic_snapshot_whose_hold_meets_a_large_transaction_ships_no_segment_past_it) {
+  StepWall wall;
+  auto failing = std::make_shared<FailingDestination>(dest_);
+  ReplicatorOptions o = Options();
+  o.wall = &wall;
+  o.destination = failing;
+  o.max_txn_bytes = 256 << 10;
+  o.snapshot_interval = Millis(1'000'000'000);
+  Start(std::move(o));
+  FleetFile k = Main("periodic-gap");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 5);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 5, 6);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 6, 7);  // its upload fails once: it waits as the pending segment
+  failing->FailEvery(Request::kCreate, Unavailable("the replica's server is down"));
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  failing->Heal();
+  wall.Jump(2'000'000'000);  // the periodic snapshot is due
+  // The pending segment's retry (ahead of the snapshot's hold) is held while
+  // B and C commit.
+  dest_->HoldPuts(true);
+  std::thread flush([&] { (void)rep_->Flush(mono_.Now() + seconds(30)); });
+  ASSERT_TRUE(dest_->WaitPutHeld(seconds(10)));
+  db.Exec("BEGIN");
+  for (int i = 100; i < 1100; ++i) {
+    db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
+  }
+  db.Exec("COMMIT");             // B: twelve times the bound
+  db.Exec("CREATE TABLE u(x)");  // C
+  dest_->HoldPuts(false);
+  flush.join();
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  // Every point of the log restores to a database SQLite calls sound.
+  auto headers = Headers(*inner_, k);
+  ASSERT_FALSE(headers.empty());
+  for (const LogHeader& h : headers) {
+    if (h.kind != LogKind::kSegment && h.kind != LogKind::kSnapshot) continue;
+    std::string out = (dir_ / "work" / ("pit-" + std::to_string(h.seq))).string();
+    UniqueFd fd(::open(out.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    auto r = RestoreFromLog(*inner_, LogDir(k), h.last_ms, fd.get(),
+                            std::numeric_limits<std::uint64_t>::max());
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    fd = UniqueFd();
+    Db copy(out);
+    EXPECT_EQ(copy.Text("PRAGMA integrity_check"), "ok") << "restored at sequence " << h.seq;
+    if (copy.Count("SELECT count(*) FROM sqlite_master WHERE name = 'u'") == 1) {
+      EXPECT_EQ(copy.Count("SELECT count(*) FROM t WHERE id >= 100"), 1000)
+          << "C restored without B, at sequence " << h.seq;
+    }
+  }
+}
+
+// Review: a commit frame written by hand that names a database far larger
+// than the file and its log hold would have the snapshot copy that many
+// zeros (a terabyte stalls every tenant's shipping): refused, named.
+TEST_F(ReplicatorTest, a_log_whose_last_commit_names_a_database_beyond_what_exists_is_not_snapshotted) {
+  FleetFile k = Main("forged-size");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=WAL");
+  db.Exec("PRAGMA wal_autocheckpoint=0");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 0, 3);
+  {
+    // One more commit frame, chained on from the log's last, that says the
+    // database has 2^24 - 1 pages.
+    const std::string wal = Backing(k) + "-wal";
+    UniqueFd fd(::open(wal.c_str(), O_RDWR | O_CLOEXEC));
+    wal::WalCursor cursor;
+    auto read = wal::ReadCommitted(fd.get(), cursor);
+    ASSERT_TRUE(read.ok() && cursor.header);
+    const std::uint32_t page_size = cursor.header->page_size;
+    std::string frame(wal::kFrameHeaderSize + page_size, 'z');
+    auto be32 = [&](std::size_t at, std::uint32_t v) {
+      for (int i = 0; i < 4; ++i) frame[at + i] = static_cast<char>(v >> (24 - 8 * i));
+    };
+    be32(0, 1);
+    be32(4, (1u << 24) - 1);
+    be32(8, cursor.header->salt1);
+    be32(12, cursor.header->salt2);
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(frame.data());
+    const bool be = cursor.header->big_endian_words();
+    wal::Checksum sum = wal::Continue(cursor.chain, be, bytes, 8);
+    sum = wal::Continue(sum, be, bytes + wal::kFrameHeaderSize, page_size);
+    be32(16, sum.s0);
+    be32(20, sum.s1);
+    ASSERT_EQ(::pwrite(fd.get(), frame.data(), frame.size(), static_cast<off_t>(cursor.offset)),
+              static_cast<ssize_t>(frame.size()));
+  }
+  Start(Options());
+  auto watch = rep_->Watch(k, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 0); }  // written: its first shipment is a snapshot
+  EXPECT_FALSE(rep_->Flush(mono_.Now() + milliseconds(500)));
+  EXPECT_EQ(rep_->Stats().snapshots, 0u);
+  EXPECT_NE(rep_->Stats().failing.find("not a log SQLite wrote"), std::string::npos)
+      << rep_->Stats().failing;
 }
 
 // ---- issue 10 item 11: one bound on captured commits for the whole agent ----

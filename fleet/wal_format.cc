@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 
@@ -67,8 +68,11 @@ FrameHeader ParseFrameHeader(const std::uint8_t* bytes) {
 namespace {
 
 // The valid frames after `cursor` (the checksum chain and salts hold), in
-// order: `on_frame(page number, page bytes, offset of the frame)` for each,
-// then `on_commit(frame header, offset of the frame)` for a commit frame.
+// order: `on_frame(page number, page bytes, page size, offset of the frame)`
+// for each, then `on_commit(frame header, offset of the frame)` for a commit
+// frame. The page size is the header's as read now, never the cursor's: a
+// header rewritten with the same salts and another page size (anyone who
+// can write the file can) must not make a page read as larger than its frame.
 // The cursor advances past each commit; frames after the last commit are
 // read and not kept. False from on_commit stops the walk (after it).
 template <typename OnFrame, typename OnCommit>
@@ -79,7 +83,8 @@ Result<std::optional<Header>> WalkCommitted(int fd, WalCursor& cursor, bool* res
   std::optional<Header> header = ParseHeader(hbuf, got);
   if (!header) return header;  // no log yet, or a header being written
   if (!cursor.header || cursor.header->salt1 != header->salt1 ||
-      cursor.header->salt2 != header->salt2) {
+      cursor.header->salt2 != header->salt2 || cursor.header->page_size != header->page_size ||
+      cursor.header->magic != header->magic) {
     if (restarted) *restarted = cursor.header.has_value();
     cursor.header = header;
     cursor.offset = kHeaderSize;
@@ -116,7 +121,7 @@ Result<std::optional<Header>> WalkCommitted(int fd, WalCursor& cursor, bool* res
         break;
       }
       chain = next;
-      on_frame(fh.page_number, f + kFrameHeaderSize, offset);
+      on_frame(fh.page_number, f + kFrameHeaderSize, page_size, offset);
       offset += frame_size;
       if (fh.commit_pages != 0) {
         cursor.offset = offset;
@@ -141,11 +146,12 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
   std::uint32_t page_size = 0;
   auto walked = WalkCommitted(
       fd, cursor, &result.restarted,
-      [&](std::uint32_t pgno, const std::uint8_t* data, std::uint64_t) {
+      [&](std::uint32_t pgno, const std::uint8_t* data, std::uint32_t size, std::uint64_t) {
+        page_size = size;
         if (oversized) return;
         auto [it, added] = open_pages.try_emplace(pgno);
-        if (added) open_bytes += cursor.header->page_size;
-        it->second.assign(reinterpret_cast<const char*>(data), cursor.header->page_size);
+        if (added) open_bytes += size;
+        it->second.assign(reinterpret_cast<const char*>(data), size);
         if (max_txn_bytes != 0 && open_bytes > max_txn_bytes) {
           // Held whole it would be as large as it is (many GB): it is
           // reported instead, for the caller to ship the file.
@@ -154,7 +160,6 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
         }
       },
       [&](const FrameHeader& fh, std::uint64_t frame_offset) {
-        page_size = cursor.header->page_size;
         CommittedTxn txn;
         txn.page_size = page_size;
         txn.db_pages = fh.commit_pages;
@@ -168,7 +173,11 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
         open_bytes = 0;
         oversized = false;
         result.txns.push_back(std::move(txn));
-        return max_bytes == 0 || returned < max_bytes;
+        if (max_bytes != 0 && returned >= max_bytes) {
+          result.more = true;
+          return false;
+        }
+        return true;
       });
   if (!walked.ok()) return walked.status();
   return result;
@@ -180,11 +189,14 @@ Result<CommittedIndex> IndexCommitted(int fd) {
   std::map<std::uint32_t, std::uint64_t> open;  // of the transaction being read
   auto walked = WalkCommitted(
       fd, cursor, nullptr,
-      [&](std::uint32_t pgno, const std::uint8_t*, std::uint64_t frame_offset) {
+      [&](std::uint32_t pgno, const std::uint8_t*, std::uint32_t, std::uint64_t frame_offset) {
         open[pgno] = frame_offset + kFrameHeaderSize;
       },
       [&](const FrameHeader& fh, std::uint64_t) {
-        for (auto& [pgno, at] : open) index.pages[pgno] = at;
+        for (auto& [pgno, at] : open) {
+          index.pages[pgno] = at;
+          index.highest_page = std::max(index.highest_page, pgno);
+        }
         open.clear();
         index.db_pages = fh.commit_pages;
         return true;

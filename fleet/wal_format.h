@@ -87,6 +87,7 @@ struct CommittedTxn {
 struct ReadResult {
   std::vector<CommittedTxn> txns;
   bool restarted = false;  // the header's salts differ from the cursor's
+  bool more = false;       // stopped at `max_bytes`: committed transactions may follow
 };
 
 // Reads the transactions committed after `cursor` from the log open on `fd`,
@@ -107,6 +108,7 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
 struct CommittedIndex {
   std::uint32_t page_size = 0;
   std::uint32_t db_pages = 0;  // the database's size after the last commit; 0: no commit
+  std::uint32_t highest_page = 0;  // of the committed frames
   std::map<std::uint32_t, std::uint64_t> pages;  // page number -> offset of its bytes in the log
 };
 Result<CommittedIndex> IndexCommitted(int fd);

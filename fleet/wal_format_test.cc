@@ -210,6 +210,98 @@ TEST_F(WalFile, the_index_leaves_out_a_transaction_not_yet_committed) {
   EXPECT_EQ(RowsAfter(one), 2) << "a cut transaction was indexed as committed";
 }
 
+TEST_F(WalFile, reading_in_takes_of_max_bytes_gives_every_commit_once) {
+  Insert(0, 40);
+  UniqueFd fd = OpenWal();
+  WalCursor cursor;
+  std::vector<CommittedTxn> all;
+  int reads = 0;
+  for (bool more = true; more; ++reads) {
+    auto read = ReadCommitted(fd.get(), cursor, 4 * 4096);
+    ASSERT_TRUE(read.ok()) << read.status().message();
+    more = read->more;
+    for (auto& t : read->txns) all.push_back(std::move(t));
+    ASSERT_LT(reads, 100);
+  }
+  EXPECT_GT(reads, 3) << "the bound did not split the read";
+  EXPECT_EQ(all.size(), 41u);
+  EXPECT_EQ(RowsAfter(all), 40);
+}
+
+// A log written by hand: the header, then frames chained from it.
+std::string HandHeader(std::uint32_t page_size, std::uint32_t salt1, std::uint32_t salt2) {
+  std::uint8_t h[kHeaderSize] = {};
+  auto be32 = [](std::uint8_t* p, std::uint32_t v) {
+    p[0] = v >> 24;
+    p[1] = v >> 16;
+    p[2] = v >> 8;
+    p[3] = v;
+  };
+  be32(h, kMagicLittleEndian);
+  be32(h + 4, 3007000);
+  be32(h + 8, page_size);
+  be32(h + 16, salt1);
+  be32(h + 20, salt2);
+  const Checksum sum = Continue({}, false, h, 24);
+  be32(h + 24, sum.s0);
+  be32(h + 28, sum.s1);
+  return std::string(reinterpret_cast<char*>(h), sizeof h);
+}
+
+std::string HandFrame(Checksum& chain, std::uint32_t pgno, std::uint32_t commit_pages,
+                      std::uint32_t salt1, std::uint32_t salt2, const std::string& page) {
+  std::uint8_t f[kFrameHeaderSize] = {};
+  auto be32 = [](std::uint8_t* p, std::uint32_t v) {
+    p[0] = v >> 24;
+    p[1] = v >> 16;
+    p[2] = v >> 8;
+    p[3] = v;
+  };
+  be32(f, pgno);
+  be32(f + 4, commit_pages);
+  be32(f + 8, salt1);
+  be32(f + 12, salt2);
+  chain = Continue(chain, false, f, 8);
+  chain = Continue(chain, false, reinterpret_cast<const std::uint8_t*>(page.data()), page.size());
+  be32(f + 16, chain.s0);
+  be32(f + 20, chain.s1);
+  return std::string(reinterpret_cast<char*>(f), sizeof f) + page;
+}
+
+// Review: the header rewritten with its salts kept and a smaller page size,
+// and frames of that size chained on from the cursor, made a page read as
+// the old page size: past its frame, into another tenant's bytes.
+TEST_F(WalFile, a_header_with_the_same_salts_and_another_page_size_is_a_new_log) {
+  const std::string wal = (dir_ / "hand-wal").string();
+  const std::uint32_t s1 = 7, s2 = 9;
+  std::string bytes = HandHeader(4096, s1, s2);
+  WalCursor cursor;
+  // Frames chain on from the header's own checksum.
+  Checksum chain = Continue({}, false, reinterpret_cast<const std::uint8_t*>(bytes.data()), 24);
+  for (std::uint32_t p = 1; p <= 2; ++p) {
+    bytes += HandFrame(chain, p, p == 2 ? 2 : 0, s1, s2, std::string(4096, 'a'));
+  }
+  std::ofstream(wal, std::ios::binary) << bytes;
+  {
+    UniqueFd fd(::open(wal.c_str(), O_RDONLY));
+    auto read = ReadCommitted(fd.get(), cursor);
+    ASSERT_TRUE(read.ok());
+    ASSERT_EQ(read->txns.size(), 1u);
+  }
+  // Same salts, 512-byte pages, and one commit chained on at the cursor.
+  std::string rewritten = HandHeader(512, s1, s2) + bytes.substr(kHeaderSize);
+  Checksum on = cursor.chain;
+  rewritten += HandFrame(on, 1, 1, s1, s2, std::string(512, 'b'));
+  std::ofstream(wal, std::ios::binary | std::ios::trunc) << rewritten;
+  UniqueFd fd(::open(wal.c_str(), O_RDONLY));
+  auto read = ReadCommitted(fd.get(), cursor);
+  ASSERT_TRUE(read.ok());
+  for (const CommittedTxn& t : read->txns) {
+    EXPECT_EQ(t.page_size, 512u) << "a page was read with the old header's size";
+    for (const auto& [pgno, data] : t.pages) EXPECT_EQ(data.size(), 512u);
+  }
+}
+
 TEST(WalHeader, a_zeroed_or_torn_header_is_not_a_log) {
   std::uint8_t zero[kHeaderSize] = {};
   EXPECT_FALSE(ParseHeader(zero, sizeof zero));

@@ -439,6 +439,11 @@ Capture::SnapshotHold::~SnapshotHold() {
   c_->gate_.Unlock();
 }
 
+bool Capture::SnapshotHold::GapOpen() {
+  std::lock_guard lock(c_->mu_);
+  return c_->need_generation_ || c_->shippable_ != SIZE_MAX;
+}
+
 std::uint64_t Capture::SnapshotHold::CapturedBytes() {
   std::lock_guard lock(c_->mu_);
   return c_->captured_bytes_ + c_->spill_.live_bytes();
@@ -576,15 +581,7 @@ void Capture::PushLocked(Txn txn) {
   // Deleted: never shipped, and a tenant made again under the name spills
   // to the same file name.
   if (dropped_) return;
-  if (unshippable_) {
-    // A commit with a journal or a WAL: transactions' ends are on disk again.
-    // The gap marked on entry makes the next shipment a fresh snapshot.
-    unshippable_ = false;
-    unshippable_pub_.store(false);
-    spdlog::warn("replica: {} committed with a journal or WAL again; it ships again, starting "
-                 "with a snapshot",
-                 main_.main_path);
-  }
+  CommittedWithJournalLocked();
   // The snapshot a drop made necessary grows with the database.
   if (drop_episode_ && txn.db_size > dropped_bytes_pub_.load()) dropped_bytes_pub_.store(txn.db_size);
   const std::uint64_t bytes = txn.Bytes();
@@ -650,15 +647,25 @@ void Capture::CaptureWal() {
     CaptureFailedLocked("WAL", std::string("opening it: ") + std::strerror(err));
     return;
   }
-  auto read = wal::ReadCommitted(fd.get(), cursor_, 0, o_.max_txn_bytes);
-  if (!read.ok()) {
-    std::lock_guard lock(mu_);
-    CaptureFailedLocked("WAL", read.status().message());
-    return;
+  // Read a budget's take at a time, each pushed (and spilled past the
+  // bound) before the next is read: however much of the log is unread, no
+  // more of it is in memory at once.
+  for (bool more = true; more;) {
+    auto read = wal::ReadCommitted(fd.get(), cursor_, budget_->take_bytes(), o_.max_txn_bytes);
+    if (!read.ok()) {
+      std::lock_guard lock(mu_);
+      CaptureFailedLocked("WAL", read.status().message());
+      return;
+    }
+    more = read->more;
+    PushCommitted(std::move(read->txns));
   }
+}
+
+void Capture::PushCommitted(std::vector<wal::CommittedTxn> txns) {
   std::lock_guard lock(mu_);
   const WallMs now = o_.wall->NowMs();
-  for (auto& c : read->txns) {
+  for (auto& c : txns) {
     Txn t;
     auto seen = commit_seen_.find(c.commit_frame_offset);
     t.commit_ms = seen != commit_seen_.end() ? seen->second : now;
@@ -679,12 +686,25 @@ void Capture::CaptureWal() {
 // A committed transaction too large to hold: what was captured before it
 // still ships as segments, and the snapshot after them carries it.
 void Capture::OversizedLocked(WallMs commit_ms) {
+  if (dropped_) return;
+  CommittedWithJournalLocked();
   if (unshipped_since_ms_ == 0 || commit_ms < unshipped_since_ms_) unshipped_since_ms_ = commit_ms;
   MarkGapLocked(CountLocked());
   ++budget_->oversized;
   spdlog::info("replica: {} committed a transaction larger than one capture holds ({} bytes); "
                "it ships in a snapshot read from the file",
                main_.main_path, o_.max_txn_bytes);
+}
+
+void Capture::CommittedWithJournalLocked() {
+  if (!unshippable_) return;
+  // A commit with a journal or a WAL: transactions' ends are on disk again.
+  // The gap marked on entry makes the next shipment a fresh snapshot.
+  unshippable_ = false;
+  unshippable_pub_.store(false);
+  spdlog::warn("replica: {} committed with a journal or WAL again; it ships again, starting "
+               "with a snapshot",
+               main_.main_path);
 }
 
 // The journal is finished: the main file's written ranges are the commit.
@@ -710,7 +730,7 @@ void Capture::FinishJournalLocked() {
   dirty_.clear();
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
-  if (pages.size() * page > o_.max_txn_bytes) {
+  if (o_.max_txn_bytes != 0 && pages.size() * page > o_.max_txn_bytes) {
     OversizedLocked(o_.wall->NowMs());
     return;
   }

@@ -258,6 +258,10 @@ class Capture final : public TenantWatch {
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);
   void OversizedLocked(WallMs commit_ms);
+  // A commit seen with a journal or a WAL: an unshippable tenant ships again.
+  void CommittedWithJournalLocked();
+  // Pushes the transactions a WAL read gave (under capture_mu_); takes mu_.
+  void PushCommitted(std::vector<wal::CommittedTxn> txns);
   void RemoveMarkerLocked();
   void LearnWalPageSize();
   void PushLocked(Txn txn);
@@ -328,6 +332,9 @@ class Capture::SnapshotHold {
 
   // Bytes captured up to now (in memory and spilled).
   std::uint64_t CapturedBytes();
+  // A gap is open (marked before or during the hold's own capture): what
+  // is captured may not follow the log's last object as a segment.
+  bool GapOpen();
   // Everything captured up to now, oldest first: the snapshot covers it.
   // Reads the spill file whole: only for a backlog known to be small.
   std::vector<Txn> TakeCaptured();

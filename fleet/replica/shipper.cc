@@ -777,6 +777,11 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   // other only needs their times.
   std::vector<Txn> before;
   std::vector<WallMs> covered;
+  // A gap opened since the round chose a periodic snapshot (the hold's own
+  // capture met a transaction too large to hold, or a WAL restart captured
+  // one meanwhile): what is captured no longer follows the log's last
+  // object as a segment, so the snapshot covers all of it.
+  if (periodic && hold.GapOpen()) periodic = false;
   if (periodic) {
     if (hold.CapturedBytes() > budget_->take_bytes()) {
       return Status(Code::kFailedPrecondition,
@@ -825,7 +830,22 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
       return s;
     }
     overlay = std::move(*index);
-    if (overlay.db_pages != 0) db_size = std::uint64_t{overlay.db_pages} * overlay.page_size;
+    if (overlay.db_pages != 0) {
+      // SQLite writes every page a database grows by into the log, so the
+      // size its last commit names is held by the file or by the log. One
+      // beyond both was written by hand (a 1 TiB copy of zeros would stall
+      // every tenant's shipping): refused, never copied.
+      const std::uint64_t held =
+          std::max<std::uint64_t>((db_size + overlay.page_size - 1) / overlay.page_size, overlay.highest_page);
+      if (overlay.db_pages > held) {
+        return Status(Code::kDataLoss,
+                      "the WAL of " + t.main().main_path + " says the database has " +
+                          std::to_string(overlay.db_pages) + " pages after its last commit, " +
+                          "more than the file and the log hold (" + std::to_string(held) +
+                          "); it is not a log SQLite wrote, and no snapshot is taken of it");
+      }
+      db_size = std::uint64_t{overlay.db_pages} * overlay.page_size;
+    }
   }
   // An unnamed file in the spool directory: it goes away with its descriptor,
   // so a snapshot never stays on the volume after its upload (or a crash).

@@ -1835,7 +1835,8 @@ TEST_F(ReplicatorTest, a_log_whose_last_commit_names_a_database_beyond_what_exis
   Insert(db, 0, 3);
   {
     // One more commit frame, chained on from the log's last, that says the
-    // database has 2^24 - 1 pages.
+    // database has 2^24 - 1 pages, and is itself the last of them (a page
+    // number no bigger than the size it names).
     const std::string wal = Backing(k) + "-wal";
     UniqueFd fd(::open(wal.c_str(), O_RDWR | O_CLOEXEC));
     wal::WalCursor cursor;
@@ -1846,7 +1847,7 @@ TEST_F(ReplicatorTest, a_log_whose_last_commit_names_a_database_beyond_what_exis
     auto be32 = [&](std::size_t at, std::uint32_t v) {
       for (int i = 0; i < 4; ++i) frame[at + i] = static_cast<char>(v >> (24 - 8 * i));
     };
-    be32(0, 1);
+    be32(0, (1u << 24) - 1);
     be32(4, (1u << 24) - 1);
     be32(8, cursor.header->salt1);
     be32(12, cursor.header->salt2);

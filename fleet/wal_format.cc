@@ -187,17 +187,17 @@ Result<CommittedIndex> IndexCommitted(int fd) {
   CommittedIndex index;
   WalCursor cursor;
   std::map<std::uint32_t, std::uint64_t> open;  // of the transaction being read
+  std::uint64_t frames = 0;
   auto walked = WalkCommitted(
       fd, cursor, nullptr,
       [&](std::uint32_t pgno, const std::uint8_t*, std::uint32_t, std::uint64_t frame_offset) {
         open[pgno] = frame_offset + kFrameHeaderSize;
+        ++frames;
       },
       [&](const FrameHeader& fh, std::uint64_t) {
-        for (auto& [pgno, at] : open) {
-          index.pages[pgno] = at;
-          index.highest_page = std::max(index.highest_page, pgno);
-        }
+        for (auto& [pgno, at] : open) index.pages[pgno] = at;
         open.clear();
+        index.committed_frames = frames;
         index.db_pages = fh.commit_pages;
         return true;
       });

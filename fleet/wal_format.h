@@ -108,7 +108,7 @@ Result<ReadResult> ReadCommitted(int fd, WalCursor& cursor, std::uint64_t max_by
 struct CommittedIndex {
   std::uint32_t page_size = 0;
   std::uint32_t db_pages = 0;  // the database's size after the last commit; 0: no commit
-  std::uint32_t highest_page = 0;  // of the committed frames
+  std::uint64_t committed_frames = 0;  // frames up to the last commit
   std::map<std::uint32_t, std::uint64_t> pages;  // page number -> offset of its bytes in the log
 };
 Result<CommittedIndex> IndexCommitted(int fd);

@@ -832,17 +832,21 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
     overlay = std::move(*index);
     if (overlay.db_pages != 0) {
       // SQLite writes every page a database grows by into the log, so the
-      // size its last commit names is held by the file or by the log. One
-      // beyond both was written by hand (a 1 TiB copy of zeros would stall
-      // every tenant's shipping): refused, never copied.
-      const std::uint64_t held =
-          std::max<std::uint64_t>((db_size + overlay.page_size - 1) / overlay.page_size, overlay.highest_page);
-      if (overlay.db_pages > held) {
+      // size its last commit names is at most the file and the log's frames
+      // together (SQLite's own checkpoint calls more corruption, with 64 KiB
+      // of slack). More was written by hand (a terabyte of zeros copied would
+      // stall every tenant's shipping): refused, never copied, and a gap
+      // marked (what was taken for a segment ahead of it is in the file).
+      const std::uint64_t limit =
+          db_size + 65536 + overlay.committed_frames * std::uint64_t{overlay.page_size};
+      if (std::uint64_t{overlay.db_pages} * overlay.page_size > limit) {
+        hold.CaptureFailed();
         return Status(Code::kDataLoss,
                       "the WAL of " + t.main().main_path + " says the database has " +
-                          std::to_string(overlay.db_pages) + " pages after its last commit, " +
-                          "more than the file and the log hold (" + std::to_string(held) +
-                          "); it is not a log SQLite wrote, and no snapshot is taken of it");
+                          std::to_string(overlay.db_pages) + " pages of " +
+                          std::to_string(overlay.page_size) + " bytes after its last commit, " +
+                          "more than the file and the log hold (" + std::to_string(limit) +
+                          " bytes); it is not a log SQLite wrote, and no snapshot is taken of it");
       }
       db_size = std::uint64_t{overlay.db_pages} * overlay.page_size;
     }

@@ -430,13 +430,15 @@ Result<DecodedLogObject> DecodeLogObject(std::string_view object, const LogExpec
       return DataLoss("the segment declares " + N(h.body_raw_bytes) +
                       " bytes of transactions, but its compressed frame says otherwise");
     }
-    std::string raw(h.body_raw_bytes, '\0');
-    const std::size_t n = ZSTD_decompress(raw.data(), raw.size(), stored.data(), stored.size());
-    if (ZSTD_isError(n) || n != raw.size()) {
+    // Not zeroed first: the decompression writes every byte of it, or fails.
+    const auto raw = std::make_unique_for_overwrite<char[]>(h.body_raw_bytes);
+    const std::size_t n = ZSTD_decompress(raw.get(), h.body_raw_bytes, stored.data(), stored.size());
+    if (ZSTD_isError(n) || n != h.body_raw_bytes) {
       return DataLoss(std::string("cannot decompress the segment: ") +
                       (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size"));
     }
-    FLEETFS_ASSIGN_OR_RETURN(out.txns, ParseTxns(raw, h.commits));
+    FLEETFS_ASSIGN_OR_RETURN(
+        out.txns, ParseTxns(std::string_view(raw.get(), h.body_raw_bytes), h.commits));
     if (out.txns.front().commit_ms != h.first_ms || out.txns.back().commit_ms != h.last_ms ||
         out.txns.back().db_size != h.db_size) {
       return DataLoss("the segment's header disagrees with its transactions (times or size)");

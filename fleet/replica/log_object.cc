@@ -200,17 +200,17 @@ EncodedLogObject Finished(std::string bytes) {
   return EncodedLogObject{std::move(bytes), sum};
 }
 
-Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) {
+Result<std::vector<TxnView>> ParseTxnViews(std::string_view raw, std::uint32_t commits) {
   // Every count is checked against the bytes left before it is used; nothing
   // is reserved ahead on a count's word: a decoded transaction or page write
   // takes more memory than its bytes, so memory grows only with what parsed.
-  std::vector<Txn> txns;
+  std::vector<TxnView> txns;
   std::size_t at = 0;
   auto left = [&] { return raw.size() - at; };
   for (std::uint32_t i = 0; i < commits; ++i) {
     const std::string which = "transaction " + N(i);
     if (left() < kTxnHeadBytes) return DataLoss(which + " is cut short");
-    Txn t;
+    TxnView t;
     t.commit_ms = GetLittleEndian<std::int64_t>(raw, at);
     t.db_size = GetLittleEndian<std::uint64_t>(raw, at + 8);
     const auto nwrites = GetLittleEndian<std::uint32_t>(raw, at + 16);
@@ -225,7 +225,7 @@ Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) 
     }
     for (std::uint32_t w = 0; w < nwrites; ++w) {
       if (left() < kWriteHeadBytes) return DataLoss(which + " is cut short");
-      PageWrite pw;
+      PageView pw;
       pw.offset = GetLittleEndian<std::uint64_t>(raw, at);
       const auto len = GetLittleEndian<std::uint32_t>(raw, at + 8);
       at += kWriteHeadBytes;
@@ -234,7 +234,7 @@ Result<std::vector<Txn>> ParseTxns(std::string_view raw, std::uint32_t commits) 
         return DataLoss(which + " writes at offset " + N(pw.offset) + ", past the " +
                         N(kMaxLogDatabaseBytes) + " bytes fleetfs replicates");
       }
-      pw.data.assign(raw.substr(at, len));
+      pw.data = raw.substr(at, len);
       at += len;
       t.writes.push_back(std::move(pw));
     }
@@ -404,7 +404,25 @@ Result<EncodedLogObject> EncodeLogMarker(const LogPosition& at, WallMs written_m
 }
 
 Result<DecodedLogObject> DecodeLogObject(std::string_view object, const LogExpectation& expected) {
+  FLEETFS_ASSIGN_OR_RETURN(DecodedLogViews views, DecodeLogObjectViews(object, expected));
   DecodedLogObject out;
+  out.header = std::move(views.header);
+  out.checksum = views.checksum;
+  out.txns.reserve(views.txns.size());
+  for (const TxnView& v : views.txns) {
+    Txn t;
+    t.commit_ms = v.commit_ms;
+    t.db_size = v.db_size;
+    t.writes.reserve(v.writes.size());
+    for (const PageView& w : v.writes) t.writes.push_back(PageWrite{w.offset, std::string(w.data)});
+    out.txns.push_back(std::move(t));
+  }
+  return out;
+}
+
+Result<DecodedLogViews> DecodeLogObjectViews(std::string_view object,
+                                             const LogExpectation& expected) {
+  DecodedLogViews out;
   FLEETFS_ASSIGN_OR_RETURN(out.header, Summarize(object, expected));
   const LogHeader& h = out.header;
   if (h.kind == LogKind::kSnapshot) {
@@ -431,14 +449,15 @@ Result<DecodedLogObject> DecodeLogObject(std::string_view object, const LogExpec
                       " bytes of transactions, but its compressed frame says otherwise");
     }
     // Not zeroed first: the decompression writes every byte of it, or fails.
-    const auto raw = std::make_unique_for_overwrite<char[]>(h.body_raw_bytes);
-    const std::size_t n = ZSTD_decompress(raw.get(), h.body_raw_bytes, stored.data(), stored.size());
+    out.body = std::make_unique_for_overwrite<char[]>(h.body_raw_bytes);
+    const std::size_t n =
+        ZSTD_decompress(out.body.get(), h.body_raw_bytes, stored.data(), stored.size());
     if (ZSTD_isError(n) || n != h.body_raw_bytes) {
       return DataLoss(std::string("cannot decompress the segment: ") +
                       (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size"));
     }
     FLEETFS_ASSIGN_OR_RETURN(
-        out.txns, ParseTxns(std::string_view(raw.get(), h.body_raw_bytes), h.commits));
+        out.txns, ParseTxnViews(std::string_view(out.body.get(), h.body_raw_bytes), h.commits));
     if (out.txns.front().commit_ms != h.first_ms || out.txns.back().commit_ms != h.last_ms ||
         out.txns.back().db_size != h.db_size) {
       return DataLoss("the segment's header disagrees with its transactions (times or size)");

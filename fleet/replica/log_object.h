@@ -160,11 +160,31 @@ struct DecodedLogObject {
   std::vector<Txn> txns;  // a segment's; empty for the others
   std::uint64_t checksum = 0;
 };
+// A segment's transaction as views into its decompressed body.
+struct PageView {
+  std::uint64_t offset = 0;
+  std::string_view data;
+};
+struct TxnView {
+  WallMs commit_ms = 0;
+  std::uint64_t db_size = 0;
+  std::vector<PageView> writes;
+};
+// An object decoded with every check DecodeLogObject makes, its
+// transactions as views into `body` (which it owns): for a restore, which
+// writes the pages out and keeps none, so no page is copied or allocated.
+struct DecodedLogViews {
+  LogHeader header;
+  std::unique_ptr<char[]> body;  // a segment's decompressed body; null for the others
+  std::vector<TxnView> txns;     // views into `body`
+  std::uint64_t checksum = 0;
+};
 // Decodes a segment, tombstone or marker. A snapshot is refused: it is read
 // streaming, with a LogSnapshotReader. The transactions' lengths are bounded
 // by the declared raw size, itself bounded and checked against the zstd frame
 // and the body checksum before memory is reserved for it.
 Result<DecodedLogObject> DecodeLogObject(std::string_view object, const LogExpectation& expected);
+Result<DecodedLogViews> DecodeLogObjectViews(std::string_view object, const LogExpectation& expected);
 // As DecodeLogObject, refusing any kind but a segment.
 Result<DecodedLogObject> DecodeLogSegment(std::string_view object, const LogExpectation& expected);
 

@@ -53,13 +53,13 @@ Status PwritevAll(int fd, std::vector<iovec>& iov, std::uint64_t offset) {
   return Status::Ok();
 }
 
-Status ApplyTxn(int fd, const Txn& t) {
+Status ApplyTxn(int fd, const TxnView& t) {
   // Pages that follow each other on disk go in one call: a restore of a log
   // of segments is a page per write otherwise, and the calls cost more than
   // the copying.
   std::vector<iovec> run;
   std::uint64_t run_at = 0, run_end = 0;
-  for (const PageWrite& w : t.writes) {
+  for (const PageView& w : t.writes) {
     if (!run.empty() && (w.offset != run_end || run.size() == IOV_MAX)) {
       FLEETFS_RETURN_IF_ERROR(PwritevAll(fd, run, run_at));
       run.clear();
@@ -290,8 +290,9 @@ Result<LogRestoreOutcome> RestoreFromLog(Destination& dest, std::string_view dir
       const std::string name = ObjectName(dest, dir, h.seq);
       auto bytes = GetBounded(dest, dir, h);
       if (!bytes.ok()) return bytes.status().WithContext(name);
-      auto obj =
-          DecodeLogObject(*bytes, LogExpectation{std::string(dir), h.seq, h.epoch, max_epoch});
+      // Views into the decoded body: nothing copied per page.
+      auto obj = DecodeLogObjectViews(*bytes,
+                                      LogExpectation{std::string(dir), h.seq, h.epoch, max_epoch});
       if (!obj.ok()) return obj.status().WithContext(name);
       if (obj->header != h) return DataLoss(name + ": the object changed while it was read");
       FLEETFS_RETURN_IF_ERROR(CheckChain(h, prev).WithContext(name));
@@ -321,7 +322,7 @@ Result<LogRestoreOutcome> RestoreFromLog(Destination& dest, std::string_view dir
         return Internal(name + ": a snapshot at or before the point in time after the one taken");
       }
       bool past = false;
-      for (const Txn& t : obj->txns) {
+      for (const TxnView& t : obj->txns) {
         if (!at_or_before(t.commit_ms)) {
           past = true;
           break;

@@ -38,6 +38,7 @@ Status PwritevAll(int fd, std::vector<iovec>& iov, std::uint64_t offset) {
       if (errno == EINTR) continue;
       return ErrnoStatus("writing the restored database", errno);
     }
+    if (n == 0) return Status(Code::kInternal, "writing the restored database: nothing was written");
     offset += static_cast<std::uint64_t>(n);
     for (auto left = static_cast<std::size_t>(n); left > 0;) {
       if (left >= iov[first].iov_len) {
@@ -60,6 +61,9 @@ Status ApplyTxn(int fd, const TxnView& t) {
   std::vector<iovec> run;
   std::uint64_t run_at = 0, run_end = 0;
   for (const PageView& w : t.writes) {
+    // Nothing to write (a hostile segment may hold it): an empty iovec at a
+    // run's end would have pwritev answer 0 for ever.
+    if (w.data.empty()) continue;
     if (!run.empty() && (w.offset != run_end || run.size() == IOV_MAX)) {
       FLEETFS_RETURN_IF_ERROR(PwritevAll(fd, run, run_at));
       run.clear();
@@ -85,7 +89,6 @@ Status Empty(int fd) {
 Result<std::string> GetBounded(Destination& dest, std::string_view dir, const LogHeader& h) {
   std::string bytes;
   const std::uint64_t limit = h.ObjectBytes();
-  bytes.reserve(limit);  // bounded by the header's checked sizes
   Status st = dest.Get(LogObjectPath(dir, h.seq), [&](std::string_view piece) -> Status {
     if (piece.size() > limit - bytes.size()) {
       return DataLoss("the object is longer than the " + N(limit) + " bytes its header declares");

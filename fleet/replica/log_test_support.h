@@ -82,6 +82,9 @@ class LogBuilder {
     }
     AppendSegment(txns);
   }
+  // A segment of exactly these transactions; the builder's own database is
+  // not changed (for objects no writer makes).
+  void RawSegment(const std::vector<Txn>& txns) { AppendSegment(txns); }
   void Tombstone(WallMs at) {
     auto t = EncodeLogTombstone(writer_.position(), at);
     ASSERT_TRUE(t.ok());

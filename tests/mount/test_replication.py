@@ -183,7 +183,18 @@ class Replication(MountTest):
                     os.path.join(a.mount, rels[t]), journal_mode, logs[t], stop_at, n * 10 + k))
                 p.start()
                 procs.append(p)
+        # At least 2.5 s of load, and until every tenant has more than 50
+        # commits (a loaded machine runs the writers slower), within 20 s.
+        def committed_lines(t):
+            try:
+                with open(logs[t]) as f:
+                    return sum(1 for _ in f)
+            except OSError:
+                return 0
         time.sleep(2.5)
+        deadline = time.time() + 17.5
+        while time.time() < deadline and any(committed_lines(t) <= 50 for t in tenants):
+            time.sleep(0.1)
         a.kill9()
         kill_time = time.time()
         for p in procs:

@@ -139,8 +139,12 @@ TEST(Refresher, the_calls_run_at_the_same_time_and_a_hung_one_blocks_nothing) {
   auto refresher = rig.Make("a", {Range(0, 9), Range(10, 19)});
   rig.store->Block(Range(0, 9));
   ASSERT_TRUE(refresher->Start());
-  // Range 10-19 is answered while 0-9 hangs on its own thread.
+  // Range 10-19 is answered while 0-9 hangs on its own thread. The hung
+  // call's thread may reach the store after the other answered, so the test
+  // waits for it there before it counts calls.
   ASSERT_TRUE(Eventually([&] { return Answered(*refresher, 1); }));
+  ASSERT_TRUE(Eventually([&] { return rig.store->calls(Range(0, 9)) == 1; }))
+      << "the call for 0-9 reached the store and hangs there";
   EXPECT_TRUE(refresher->EpochFor(15).has_value()) << "served before the refresh ends";
   EXPECT_FALSE(refresher->Tick().has_value()) << "the time limit has not passed";
   rig.Advance(kStep);

@@ -283,6 +283,58 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
   return kExitOk;
 }
 
+// ── fleetfs where ──────────────────────────────────────────────────────────
+
+// Who serves each key's slot now, as a router asks it: the row that holds the
+// slot, and whether its lease is live. A lapsed row serves nobody: its owner
+// stopped serving at least ttl/3 before the store lease ended.
+int RunWhere(const std::vector<std::string>& keys, const std::string& store_url, bool json,
+             std::ostream& out, std::ostream& err) {
+  if (auto url = lease::ParseStoreUrl(store_url); !url.ok()) return Fail(err, url.status());
+  SystemWallClock clock;
+  auto store = lease::OpenStore(store_url, clock, lease::SqliteStore::Access::kExisting);
+  if (!store.ok()) return Fail(err, store.status());
+  auto table = (*store)->Read();
+  if (!table.ok()) return Fail(err, table.status());
+  const WallMs now = (*store)->NowMs();
+  bool all_served = true;
+  Json list = Json::array();
+  std::vector<std::vector<std::string>> rows = {
+      {"KEY", "SLOT", "RANGE", "OWNER", "EPOCH", "LEASE EXPIRES", "LEFT"}};
+  for (const std::string& key : keys) {
+    const Slot slot = KeySlot(key);
+    const lease::OwnershipRow* row = table->RowFor(slot);
+    const bool served = row != nullptr && row->lease_expires_ms > now;
+    all_served = all_served && served;
+    Json entry = {{"key", key}, {"slot", slot}, {"served", served}};
+    if (row == nullptr) {
+      entry["range"] = nullptr;
+      entry["owner"] = nullptr;
+      rows.push_back({Printable(key), std::to_string(slot), "-", "(nobody: not claimed)", "-",
+                      "-", "-"});
+    } else {
+      entry["range"] = row->range.ToString();
+      entry["owner"] = row->owner.str();
+      entry["epoch"] = row->epoch.value();
+      entry["lease_expires_ms"] = row->lease_expires_ms;
+      entry["lease_expires"] = lease::FormatWallTime(row->lease_expires_ms);
+      entry["left_ms"] = std::max<WallMs>(0, row->lease_expires_ms - now);
+      rows.push_back({Printable(key), std::to_string(slot), row->range.ToString(),
+                      served ? Printable(row->owner.str())
+                             : "(nobody: " + Printable(row->owner.str()) + "'s lease lapsed)",
+                      row->epoch.ToString(), LocalTime(row->lease_expires_ms),
+                      TimeLeft(row->lease_expires_ms, now)});
+    }
+    list.push_back(std::move(entry));
+  }
+  if (json) {
+    out << Dump({{"store", (*store)->url()}, {"now_ms", now}, {"keys", list}}) << '\n';
+  } else {
+    PrintTable(out, rows);
+  }
+  return all_served ? kExitOk : kExitUnserved;
+}
+
 constexpr const char* kMainFooter = R"(
 fleetfs keeps a fleet of SQLite databases, one file per tenant or per routing
 slot, on the hosts that own their slots. A host owns slot ranges by claiming
@@ -303,11 +355,14 @@ EXIT STATUS
   5  mount: stopped, but held ranges lapse instead of being released (commits
      not all shipped, or the store did not confirm in time): another host
      waits up to a ttl before it can claim them; the message says why
+  6  where: a key's slot is served by nobody now (not claimed, or the lease
+     lapsed)
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
   fleetfs status /mnt/fleet
   fleetfs slot acme
+  fleetfs where acme --store sqlite:///var/lib/fleetfs/control.db
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
 
 Run 'fleetfs COMMAND --help' for each command.
@@ -325,6 +380,25 @@ EXAMPLES
   fleetfs slot acme '{user1000}.following'
   fleetfs slot --json acme
   fleetfs slot --mode tenant -- -acme-staging
+)";
+
+constexpr const char* kWhereFooter = R"(
+A router asks this before it sends a key's traffic. A key is served when the
+row that holds its slot has a live lease; a lapsed row serves nobody (its
+owner stopped serving at least ttl/3 before the lease ended), and another
+host may claim it. The answer is the store's now: by the time it is used, a
+lease may have lapsed, so a router still needs the owner's own refusal (a
+fenced or hidden file) to be safe.
+
+EXIT STATUS
+  0  every key is served
+  1  the store cannot be read
+  2  bad input
+  6  some key is served by nobody now
+
+EXAMPLES
+  fleetfs where acme '{user1000}.following' --store sqlite:///var/lib/fleetfs/control.db
+  fleetfs where --json acme --store sqlite:///var/lib/fleetfs/control.db
 )";
 
 constexpr const char* kLeaseFooter = R"(
@@ -651,6 +725,19 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "Print only this mode's path: 'tenant' (each key must be a tenant id) or "
                    "'slot'");
 
+  std::vector<std::string> where_keys;
+  std::string where_store;
+  bool where_json = false;
+  auto* where = app.add_subcommand(
+      "where", "Say who serves each routing key now: slot, range, owner, epoch, lease end");
+  where->footer(kWhereFooter);
+  where->add_option("KEY", where_keys, "Routing keys (any bytes)")->required();
+  where->add_option("--store", where_store, "Ownership store URL (sqlite:///ABSOLUTE/PATH)")
+      ->required();
+  where->add_flag("--json", where_json,
+                  "Print JSON: store, now_ms and a list of keys (key, slot, served, range, "
+                  "owner, epoch, lease_expires_ms, left_ms)");
+
   auto* lease_cmd = app.add_subcommand("lease", "Inspect and operate the slot ownership table");
   lease_cmd->require_subcommand(1);
   lease_cmd->footer(kLeaseFooter);
@@ -823,6 +910,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   if (replica_ls->parsed()) return RunReplicaLs(rargs, out, err);
   if (replica_verify->parsed()) return RunReplicaVerify(rargs, out, err);
   if (restore_cmd->parsed()) return RunRestore(rargs, out, err);
+  if (where->parsed()) return RunWhere(where_keys, where_store, where_json, out, err);
   if (slot->parsed()) return RunSlot(keys, slot_mode, slot_json, out, err);
   if (ls->parsed()) return RunLeaseLs(args, out, err);
   if (claim->parsed()) return RunLeaseChange(LeaseVerb::kClaim, args, out, err);

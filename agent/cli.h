@@ -5,7 +5,8 @@
 // file); 2 bad input (the message names the thing and the rule); 3 the range
 // is held by another owner; 4 the range was lost (not this owner's at this
 // epoch); 5 (mount) stopped, but held ranges lapse instead of being released
-// (kExitLapsed, agent/lifecycle.h).
+// (kExitLapsed, agent/lifecycle.h); 6 (where) a key's slot is served by
+// nobody now.
 //
 // Thread-safety: runs on the calling thread.
 #pragma once
@@ -19,6 +20,8 @@ inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitHeld = 3;
 inline constexpr int kExitLost = 4;
+// Not 5: that is kExitLapsed (agent/lifecycle.h).
+inline constexpr int kExitUnserved = 6;
 
 // Runs `fleetfs argv...`, writing results to `out` and errors to `err`.
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);

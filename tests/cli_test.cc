@@ -166,6 +166,54 @@ TEST_F(LeaseCommand, claim_ls_renew_release_round_trip) {
   EXPECT_NE(ran.out.find("at epoch 2 (new)"), std::string::npos) << ran.out;
 }
 
+TEST_F(LeaseCommand, where_names_the_owner_epoch_and_lease_end_of_each_keys_slot) {
+  ASSERT_EQ(Claim("host-a", "0-8191").code, 0);
+  ASSERT_EQ(Claim("host-b", "8192-16383").code, 0);
+  Ran ran = Fleetfs({"where", "--json", "{user1000}.following", "acme", "--store", Store()});
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  const Json doc = Json::parse(ran.out);
+  ASSERT_EQ(doc["keys"].size(), 2u);
+  EXPECT_EQ(doc["keys"][0]["slot"], 3443);
+  EXPECT_EQ(doc["keys"][0]["range"], "0-8191");
+  EXPECT_EQ(doc["keys"][0]["owner"], "host-a");
+  EXPECT_EQ(doc["keys"][0]["epoch"], 1);
+  EXPECT_EQ(doc["keys"][0]["served"], true);
+  EXPECT_GT(doc["keys"][0]["left_ms"].get<std::int64_t>(), 20'000) << "a 30 s lease just taken";
+  EXPECT_EQ(doc["keys"][1]["slot"], 11304);
+  EXPECT_EQ(doc["keys"][1]["owner"], "host-b");
+  EXPECT_EQ(doc["keys"][1]["epoch"], 2);
+  ran = Fleetfs({"where", "acme", "--store", Store()});
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  EXPECT_NE(ran.out.find("KEY   SLOT   RANGE       OWNER   EPOCH  LEASE EXPIRES"),
+            std::string::npos)
+      << ran.out;
+  EXPECT_NE(ran.out.find("acme  11304  8192-16383  host-b  2      "), std::string::npos)
+      << ran.out;
+}
+
+TEST_F(LeaseCommand, where_exits_6_when_a_keys_slot_is_unclaimed_or_its_lease_lapsed) {
+  ASSERT_EQ(Claim("host-a", "0-8191").code, 0);
+  Ran ran = Fleetfs({"where", "--json", "{user1000}.following", "acme", "--store", Store()});
+  EXPECT_EQ(ran.code, 6) << ran.err;
+  Json doc = Json::parse(ran.out);
+  EXPECT_EQ(doc["keys"][0]["served"], true);
+  EXPECT_EQ(doc["keys"][1]["served"], false);
+  EXPECT_TRUE(doc["keys"][1]["owner"].is_null()) << "slot 11304 was never claimed";
+  ASSERT_EQ(Verb("release", "host-a", "0-8191", "1").code, 0);
+  ran = Fleetfs({"where", "{user1000}.following", "--store", Store()});
+  EXPECT_EQ(ran.code, 6) << ran.err;
+  EXPECT_NE(ran.out.find("(nobody: host-a's lease lapsed)"), std::string::npos) << ran.out;
+}
+
+TEST_F(LeaseCommand, where_refuses_a_bad_store_url_and_a_missing_store) {
+  Ran ran = Fleetfs({"where", "acme", "--store", "sqlite://relative.db"});
+  EXPECT_EQ(ran.code, 2) << ran.err;
+  EXPECT_EQ(ran.out, "");
+  ran = Fleetfs({"where", "acme", "--store", Store()});
+  EXPECT_EQ(ran.code, 1) << "no control database yet: " << ran.err;
+  EXPECT_NE(ran.err.find(Control()), std::string::npos) << ran.err;
+}
+
 TEST_F(LeaseCommand, a_held_range_exits_3_naming_the_holder_and_until_when) {
   ASSERT_EQ(Claim("host-a", "0-99").code, 0);
   const Ran ran = Claim("host-b", "50-60");

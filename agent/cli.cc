@@ -272,8 +272,7 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
   if (const auto* held = std::get_if<Held>(&*decision)) {
     err << "fleetfs: slot range " << held->range.ToString() << " is held by '"
         << Printable(held->owner) << "' until "
-        << LocalTime((*store)->ToWallMs(held->lease_expires_ms))
-        << "; claim again after that\n";
+        << LocalTime((*store)->ToWallMs(held->lease_expires_ms)) << "; claim again after that\n";
     return kExitHeld;
   }
   if (std::holds_alternative<Lost>(*decision)) {

@@ -20,8 +20,7 @@ constexpr const char* kOffsetVariable = "FLEETFS_TEST_WALL_OFFSET_FILE";
 constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
 
 WallMs RealWallMs() {
-  return std::chrono::duration_cast<Millis>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 

@@ -56,8 +56,8 @@ class SqliteStore final : public OwnershipStore {
   // Opens (and with kCreate, initializes) the control database at `path`.
   // `wall` serves only ToWallMs and the migration of schema 1's wall-clock
   // expiries; it must outlive the store.
-  static Result<std::unique_ptr<SqliteStore>> Open(const std::string& path,
-                                                   const WallClock& wall, Options options);
+  static Result<std::unique_ptr<SqliteStore>> Open(const std::string& path, const WallClock& wall,
+                                                   Options options);
   ~SqliteStore() override;
 
   struct Connection;  // one pooled sqlite3 connection and its busy state

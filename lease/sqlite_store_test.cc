@@ -535,7 +535,8 @@ TEST(SqliteStore, to_wall_ms_shows_a_store_time_on_the_wall_clock_of_now) {
   EXPECT_EQ(store->ToWallMs(a.lease_expires_ms), kWallAtStart + 50'000 + kTtl.count());
   // Display follows the wall clock; the decision above did not.
   clock.wall.Advance(kHour);
-  EXPECT_EQ(store->ToWallMs(a.lease_expires_ms), kWallAtStart + 50'000 + kTtl.count() + kHour.count());
+  EXPECT_EQ(store->ToWallMs(a.lease_expires_ms),
+            kWallAtStart + 50'000 + kTtl.count() + kHour.count());
   EXPECT_EQ(store->ToWallMs(INT64_MAX), INT64_MAX);
 }
 
@@ -579,11 +580,14 @@ std::string MakeSchemaV1(const TempDir& dir) {
   const std::string path = dir.File("control.db");
   const WallMs now = kWallAtStart + 50'000;
   RunSql(path, kSchemaV1);
-  RunSql(path, ("INSERT INTO fleetfs_slot_owners VALUES "
-                "(0, 99, 'a', 3, " + std::to_string(now + 20'000) + "), "
-                "(100, 199, 'b', 5, " + std::to_string(now - 5'000) + "), "
-                "(200, 299, 'c', 6, " + std::to_string(now + 36'000'000) + "); "
-                "UPDATE fleetfs_epoch_counter SET last = 7")
+  const auto row = [](const char* start, WallMs expires) {
+    return std::string(start) + std::to_string(expires) + ")";
+  };
+  const std::string rows = row("(0, 99, 'a', 3, ", now + 20'000) + ", " +
+                           row("(100, 199, 'b', 5, ", now - 5'000) + ", " +
+                           row("(200, 299, 'c', 6, ", now + 36'000'000);
+  RunSql(path, ("INSERT INTO fleetfs_slot_owners VALUES " + rows +
+                "; UPDATE fleetfs_epoch_counter SET last = 7")
                    .c_str());
   return path;
 }

@@ -125,6 +125,8 @@ class Agent {
   uv_signal_t sigterm_{};
   uv_signal_t sigint_{};
 
+  // Set once in Run before any reader starts; for ToWallMs of the display.
+  std::shared_ptr<const lease::OwnershipStore> store_;
   std::unique_ptr<lease::Refresher> refresher_;
   std::unique_ptr<replica::Replicator> replicator_;  // null when replication is off
   // The destination the replicator ships through, counting its requests for
@@ -498,7 +500,9 @@ AgentSnapshot Agent::Snapshot() const {
       const vfs::ServedRange* in = published ? published->Find(st.range.first(), s.mono_now) : nullptr;
       if (in == nullptr || !st.epoch || in->token.epoch != st.epoch->value()) st.serving = false;
     }
-    s.ranges.push_back(RangeSnapshot{std::move(st), open});
+    const WallMs holder_until =
+        st.holder && store_ ? store_->ToWallMs(st.holder->lease_expires_ms) : 0;
+    s.ranges.push_back(RangeSnapshot{std::move(st), open, 0, holder_until});
   }
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();
   s.refreshes = refreshes_.load();
@@ -544,6 +548,7 @@ int Agent::Run(std::ostream& err) {
   auto opened = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
   if (!opened.ok()) return fail(opened.status().WithContext("store"));
   std::shared_ptr<lease::OwnershipStore> store(std::move(*opened));
+  store_ = store;
   auto host = lease::HostOwnership::Make(config_.owner, config_.ranges, config_.ttl);
   if (!host.ok()) return fail(host.status());
 

@@ -197,22 +197,26 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
   if (!store.ok()) return Fail(err, store.status());
   auto table = (*store)->Read();
   if (!table.ok()) return Fail(err, table.status());
-  const WallMs now = (*store)->NowMs();
+  // Lapses and time left are decided in the store's frame; the wall times
+  // shown are ToWallMs's, for display only.
+  const lease::OwnershipStore& frame = **store;
+  const std::int64_t now = frame.NowMs();
   if (args.json) {
     Json rows = Json::array();
     for (const auto& row : table->rows()) {
+      const WallMs expires = frame.ToWallMs(row.lease_expires_ms);
       rows.push_back({{"range", row.range.ToString()},
                       {"first", row.range.first()},
                       {"last", row.range.last()},
                       {"owner", row.owner.str()},
                       {"epoch", row.epoch.value()},
-                      {"lease_expires_ms", row.lease_expires_ms},
-                      {"lease_expires", lease::FormatWallTime(row.lease_expires_ms)},
-                      {"left_ms", std::max<WallMs>(0, row.lease_expires_ms - now)},
+                      {"lease_expires_ms", expires},
+                      {"lease_expires", lease::FormatWallTime(expires)},
+                      {"left_ms", std::max<std::int64_t>(0, row.lease_expires_ms - now)},
                       {"lapsed", row.lease_expires_ms <= now}});
     }
     out << Dump({{"store", (*store)->url()},
-                 {"now_ms", now},
+                 {"now_ms", frame.ToWallMs(now)},
                  {"last_epoch", table->last_epoch().value()},
                  {"rows", rows}})
         << '\n';
@@ -222,7 +226,8 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
       {"RANGE", "OWNER", "EPOCH", "LEASE EXPIRES", "LEFT"}};
   for (const auto& row : table->rows()) {
     rows.push_back({row.range.ToString(), Printable(row.owner.str()), row.epoch.ToString(),
-                    LocalTime(row.lease_expires_ms), TimeLeft(row.lease_expires_ms, now)});
+                    LocalTime(frame.ToWallMs(row.lease_expires_ms)),
+                    TimeLeft(row.lease_expires_ms, now)});
   }
   out << "store " << (*store)->url() << ", highest epoch granted "
       << table->last_epoch().value() << '\n';
@@ -266,8 +271,8 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
   if (!decision.ok()) return Fail(err, decision.status());
   if (const auto* held = std::get_if<Held>(&*decision)) {
     err << "fleetfs: slot range " << held->range.ToString() << " is held by '"
-        << Printable(held->owner) << "' until " << LocalTime(held->lease_expires_ms)
-        << "; claim again after that\n";
+        << Printable(held->owner) << "' until "
+        << LocalTime((*store)->ToWallMs(held->lease_expires_ms)) << "; claim again after that\n";
     return kExitHeld;
   }
   if (std::holds_alternative<Lost>(*decision)) {
@@ -279,7 +284,8 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
   const Grant& grant = std::get<Grant>(*decision);
   out << (verb == LeaseVerb::kClaim ? "claimed " : "renewed ") << range.ToString() << " for '"
       << Printable(owner.str()) << "' at epoch " << grant.epoch.value()
-      << (grant.fresh ? " (new)" : "") << " until " << LocalTime(grant.lease_expires_ms) << '\n';
+      << (grant.fresh ? " (new)" : "") << " until "
+      << LocalTime((*store)->ToWallMs(grant.lease_expires_ms)) << '\n';
   return kExitOk;
 }
 
@@ -880,6 +886,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     err << "fleetfs: " << e.what() << "; run '" << command << " --help'\n";
     return kExitBadInput;
   }
+
+  // Test only (see CheckTestWallOffset): refused before anything runs.
+  if (Status offset = CheckTestWallOffset(); !offset.ok()) return Fail(err, offset);
 
   if (mount->parsed()) {
     auto set = [](CLI::Option* option, const std::string& value, std::optional<std::string>& to) {

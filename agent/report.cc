@@ -158,8 +158,8 @@ Json StatusJson(const AgentSnapshot& s) {
     if (st.holder) {
       range["held_by"] = {{"owner", st.holder->owner},
                           {"range", st.holder->range.ToString()},
-                          {"until_ms", st.holder->lease_expires_ms},
-                          {"until", lease::FormatWallTime(st.holder->lease_expires_ms)}};
+                          {"until_ms", r.holder_until_wall_ms},
+                          {"until", lease::FormatWallTime(r.holder_until_wall_ms)}};
     }
     if (!st.failure.empty()) range["failure"] = st.failure;
     ranges.push_back(std::move(range));
@@ -252,7 +252,7 @@ std::string RangesText(const AgentSnapshot& s) {
         << "s open_files " << r.open_files;
     if (st.holder) {
       out << " held_by " << st.holder->owner << " until "
-          << lease::FormatWallTime(st.holder->lease_expires_ms);
+          << lease::FormatWallTime(r.holder_until_wall_ms);
     }
     if (s.replication) out << " replication_lag " << r.replication_lag_s << "s";
     out << '\n';

@@ -30,6 +30,9 @@ struct RangeSnapshot {
   lease::RangeStatus status;
   std::size_t open_files = 0;
   double replication_lag_s = 0;  // since the oldest commit not yet shipped; 0 when none
+  // status.holder's expiry as a wall time (OwnershipStore::ToWallMs), for
+  // display only: the holder's expiry itself is in the store's frame.
+  WallMs holder_until_wall_ms = 0;
 };
 
 struct VfsSnapshot {
@@ -46,7 +49,7 @@ struct AgentSnapshot {
   std::string owner, store, mode, backing, mountpoint, admin, phase;
   Millis ttl{0};
   int pid = 0;
-  WallMs now_ms = 0;           // wall time of the snapshot
+  WallMs now_ms = 0;           // wall time of the snapshot, for display
   double monotonic_now_s = 0;  // CLOCK_MONOTONIC of the snapshot, to compare lease ends
   MonoTime mono_now{};
   std::vector<RangeSnapshot> ranges;

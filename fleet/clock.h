@@ -1,22 +1,32 @@
 // Clocks, injected wherever time is read, so tests move time themselves.
 //
-// Two kinds of time, never mixed:
+// Three kinds of time, never mixed:
 // - monotonic time (MonoTime) for a host's own deadlines: local leases, call
 //   time limits, refresh timers. It never jumps.
-// - wall time (WallMs, milliseconds since the Unix epoch) for what is shared
-//   between hosts: lease expiries in the ownership table.
+// - boot time (BootMs, CLOCK_BOOTTIME in milliseconds, with the boot id) for
+//   lease expiries in the SQLite control database, shared by the agents of
+//   one host. It never steps, counts time spent suspended, and means nothing
+//   outside its boot: a time of another boot id is of a boot that has ended.
+// - wall time (WallMs, milliseconds since the Unix epoch) for display and for
+//   commit times (point-in-time restores). No safety decision reads it: an
+//   operator's `date -s` moves it any way at any moment.
 //
 // Thread-safety: implementations are safe to call from any thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fleet/status.h"
 
 namespace fleetfs {
 
 using MonoTime = std::chrono::steady_clock::time_point;
 using Millis = std::chrono::milliseconds;
 using WallMs = std::int64_t;
+using BootMs = std::int64_t;
 
 class MonotonicClock {
  public:
@@ -30,19 +40,53 @@ class WallClock {
   virtual WallMs NowMs() const = 0;
 };
 
+// The host's boot clock and the id of the boot it counts from.
+class BootClock {
+ public:
+  virtual ~BootClock() = default;
+  virtual BootMs NowMs() const = 0;
+  // /proc/sys/kernel/random/boot_id: differs for every boot of every host.
+  virtual std::string BootId() const = 0;
+};
+
 // The machine's clocks.
 class SystemMonotonicClock final : public MonotonicClock {
  public:
   MonoTime Now() const override { return std::chrono::steady_clock::now(); }
 };
 
+// CLOCK_REALTIME, plus the test-only offset of FLEETFS_TEST_WALL_OFFSET_FILE
+// (see CheckTestWallOffset).
 class SystemWallClock final : public WallClock {
  public:
-  WallMs NowMs() const override {
-    return std::chrono::duration_cast<Millis>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
+  WallMs NowMs() const override;
 };
+
+// CLOCK_BOOTTIME and this boot's id, read once: a process never outlives its boot.
+class SystemBootClock final : public BootClock {
+ public:
+  // NotFound/IoError naming the file when the boot id cannot be read.
+  static Result<std::unique_ptr<SystemBootClock>> Make();
+  BootMs NowMs() const override;
+  std::string BootId() const override { return boot_id_; }
+
+ private:
+  explicit SystemBootClock(std::string boot_id) : boot_id_(std::move(boot_id)) {}
+  const std::string boot_id_;
+};
+
+// TEST ONLY. When the environment variable FLEETFS_TEST_WALL_OFFSET_FILE
+// names a file, SystemWallClock adds the signed integer milliseconds written
+// in it to the real wall time (a missing file means 0). It exists because
+// tests must step the wall clock under running agents (a `date -s` either
+// way must change no lease decision), and nothing else can do that to a
+// process without moving the whole machine's clock: a time namespace offsets
+// CLOCK_MONOTONIC and CLOCK_BOOTTIME, never CLOCK_REALTIME.
+//
+// Called once at startup: InvalidArgument naming the file when it exists and
+// does not hold one integer. A file that turns malformed at run time is
+// ignored (the last good offset stays) with one warning. Write the file by
+// rename, so no reader sees it half-written.
+Status CheckTestWallOffset();
 
 }  // namespace fleetfs

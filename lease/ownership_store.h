@@ -1,6 +1,11 @@
 // OwnershipStore: where the ownership table lives, shared by every host that
 // serves the fleet. Each call is one atomic decision of OwnershipTable, made
-// at the store's wall time: load the rows, apply one rule, write the changes.
+// at the store's time: load the rows, apply one rule, write the changes.
+//
+// Store time is the store's own frame, one that no wall-clock step moves (the
+// SQLite store: this boot's CLOCK_BOOTTIME). The expiries of the rows and
+// decisions a store returns are in it; only ToWallMs turns one into a wall
+// time, and only for display.
 //
 // Thread-safety: implementations accept concurrent calls from any thread (a
 // host refreshes its ranges at the same time). A call may block; callers put
@@ -28,8 +33,12 @@ class OwnershipStore {
   virtual Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) = 0;
   // The whole table (rows and counter), read in one transaction.
   virtual Result<OwnershipTable> Read() = 0;
-  // The store's wall time, the clock lease expiries are written in.
-  virtual WallMs NowMs() const = 0;
+  // The store's time now, in the frame of its expiries (not a wall time).
+  virtual std::int64_t NowMs() const = 0;
+  // A store time as a wall time, for display only: wall_now - store_now +
+  // store_ms, so it moves with every step of the wall clock and is never to
+  // be compared with anything of another host.
+  virtual WallMs ToWallMs(std::int64_t store_ms) const = 0;
   // The store's URL, for messages.
   virtual std::string url() const = 0;
 };

@@ -29,11 +29,14 @@
 
 namespace fleetfs::lease {
 
+// Times here (`now`, every lease_expires_ms) are in the store's frame
+// (OwnershipStore::NowMs), whatever clock that is; the table only compares
+// them. OwnershipStore::ToWallMs turns one into a wall time for display.
 struct OwnershipRow {
   SlotRange range;
   OwnerId owner;
   Epoch epoch;
-  WallMs lease_expires_ms = 0;
+  WallMs lease_expires_ms = 0;  // store time
 
   bool operator==(const OwnershipRow&) const = default;
 };
@@ -67,7 +70,8 @@ struct Lost {
 // What a claim or renew decided. Failures to decide at all are a Status.
 using Decision = std::variant<Grant, Held, Lost>;
 
-// "held by b until 2026-11-29 15:04:05 UTC" and the like, for messages.
+// "held by b until 2026-11-29 15:04:05 UTC" and the like, for test messages:
+// it shows store times as if they were wall times.
 std::string DescribeDecision(const Decision& decision);
 
 class OwnershipTable {

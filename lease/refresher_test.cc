@@ -46,6 +46,8 @@ class GatedStore final : public OwnershipStore {
     return table_;
   }
   WallMs NowMs() const override { return clock_.NowMs(); }
+  // Its time is a wall time already.
+  WallMs ToWallMs(std::int64_t store_ms) const override { return store_ms; }
   std::string url() const override { return "memory://gated"; }
 
   void Block(SlotRange range) {

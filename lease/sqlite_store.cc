@@ -16,7 +16,15 @@ namespace {
 
 // "flfs": marks a control database as fleetfs's own.
 constexpr int kApplicationId = 0x666c6673;
-constexpr int kSchemaVersion = 1;
+// 1: expiries on the wall clock (lease_expires_ms). 2: expiries on the boot
+// clock with the boot id beside each row. A fleetfs that knows only 1 refuses
+// a file of 2 ("newer than this fleetfs knows"), which keeps it from reading
+// boot times as wall times.
+constexpr int kSchemaVersion = 2;
+// A live lease of schema 1 keeps at most this much of what it had left when
+// it is migrated: the longest ttl (a wall clock set back could otherwise
+// make it last for ever).
+constexpr std::int64_t kMaxMigratedLeaseMs = 3'600'000;
 
 constexpr const char* kSchemaSql = R"sql(
 CREATE TABLE fleetfs_slot_owners (
@@ -24,7 +32,8 @@ CREATE TABLE fleetfs_slot_owners (
     range_end        INTEGER NOT NULL CHECK (range_end BETWEEN range_start AND 16383),
     owner_id         TEXT    NOT NULL CHECK (length(owner_id) BETWEEN 1 AND 128),
     epoch            INTEGER NOT NULL UNIQUE CHECK (epoch > 0),
-    lease_expires_ms INTEGER NOT NULL,
+    lease_expires_boot_ms INTEGER NOT NULL,  -- CLOCK_BOOTTIME of lease_boot_id, in ms
+    lease_boot_id    TEXT    NOT NULL,
     PRIMARY KEY (range_start, range_end)
 );
 CREATE TABLE fleetfs_epoch_counter (
@@ -175,17 +184,19 @@ class Transaction {
   bool open_ = false;
 };
 
-// OK for a fresh (empty) database, setting *fresh, or for one with fleetfs's
-// schema; DataLoss for another application's database.
-Status CheckSchema(const std::string& path, Sql& sql, bool* fresh) {
+// What a transaction finds in the file.
+struct Schema {
+  bool fresh = false;  // an empty database: no fleetfs schema yet
+  std::int64_t version = 0;
+};
+
+// OK for a fresh (empty) database or one with fleetfs's schema of this
+// version or an older one; DataLoss for another application's database.
+Result<Schema> CheckSchema(const std::string& path, Sql& sql) {
   FLEETFS_ASSIGN_OR_RETURN(std::int64_t app, sql.Integer("PRAGMA application_id", "reading its id"));
   FLEETFS_ASSIGN_OR_RETURN(std::int64_t tables,
                            sql.Integer("SELECT count(*) FROM sqlite_schema", "reading its schema"));
-  *fresh = false;
-  if (app == 0 && tables == 0) {
-    *fresh = true;
-    return Status::Ok();
-  }
+  if (app == 0 && tables == 0) return Schema{true, 0};
   if (app != kApplicationId) {
     return DataLoss("control database " + path +
                     ": a SQLite database of another application (no fleetfs application id); "
@@ -199,15 +210,46 @@ Status CheckSchema(const std::string& path, Sql& sql, bool* fresh) {
                       " is newer than this fleetfs knows (" + std::to_string(kSchemaVersion) +
                       "); upgrade fleetfs");
   }
-  return Status::Ok();
+  if (version < 1) {
+    return DataLoss("control database " + path + ": fleetfs's id with schema version " +
+                    std::to_string(version) + ", which no fleetfs ever wrote");
+  }
+  return Schema{false, version};
 }
 
-Result<OwnershipTable> LoadTable(const std::string& path, Sql& sql, bool fresh) {
-  if (fresh) return OwnershipTable();
+// The moment a decision or a read is made, on the store's clocks.
+struct StoreNow {
+  BootMs boot_ms = 0;
+  std::string boot_id;
+  WallMs wall_ms = 0;  // only to carry schema 1's wall-clock expiries over
+};
+
+StoreNow NowOf(const BootClock& boot, const WallClock& wall) {
+  return StoreNow{boot.NowMs(), boot.BootId(), wall.NowMs()};
+}
+
+// A schema-1 expiry (wall ms) on this boot's clock: what was left of it, at
+// most kMaxMigratedLeaseMs; 0 (lapsed) when nothing was left. A fleetfs of
+// schema 1 may still be serving that lease while this one upgrades.
+BootMs FromWallExpiry(WallMs expires, const StoreNow& now) {
+  if (expires <= now.wall_ms) return 0;
+  return now.boot_ms + std::min<std::int64_t>(expires - now.wall_ms, kMaxMigratedLeaseMs);
+}
+
+// The table in the frame of this boot's clock. A row of another boot has
+// ended (that boot's processes are gone): it loads lapsed (expiry 0), keeping
+// its owner and epoch, so the counter and epochs never go back.
+Result<OwnershipTable> LoadTable(const std::string& path, Sql& sql, const Schema& schema,
+                                 const StoreNow& now) {
+  if (schema.fresh) return OwnershipTable();
+  const bool wall_expiries = schema.version == 1;
   FLEETFS_ASSIGN_OR_RETURN(
       Statement rows,
-      sql.Prepare("SELECT range_start, range_end, owner_id, epoch, lease_expires_ms "
-                  "FROM fleetfs_slot_owners"));
+      sql.Prepare(wall_expiries
+                      ? "SELECT range_start, range_end, owner_id, epoch, lease_expires_ms, '' "
+                        "FROM fleetfs_slot_owners"
+                      : "SELECT range_start, range_end, owner_id, epoch, lease_expires_boot_ms, "
+                        "lease_boot_id FROM fleetfs_slot_owners"));
   std::vector<OwnershipRow> loaded;
   int rc;
   while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
@@ -225,8 +267,15 @@ Result<OwnershipTable> LoadTable(const std::string& path, Sql& sql, bool fresh) 
                       (why.ok() ? "epoch " + std::to_string(epoch) + " is not positive"
                                 : why.message()));
     }
-    loaded.push_back(OwnershipRow{*range, *owner, Epoch(static_cast<std::uint64_t>(epoch)),
-                                  sqlite3_column_int64(rows.get(), 4)});
+    const std::int64_t stored = sqlite3_column_int64(rows.get(), 4);
+    BootMs expires = 0;
+    if (wall_expiries) {
+      expires = FromWallExpiry(stored, now);
+    } else if (column_text(5) == now.boot_id) {
+      expires = stored;
+    }
+    loaded.push_back(
+        OwnershipRow{*range, *owner, Epoch(static_cast<std::uint64_t>(epoch)), expires});
   }
   if (rc != SQLITE_DONE) return sql.Error(rc, "reading the ownership rows");
   FLEETFS_ASSIGN_OR_RETURN(std::int64_t last,
@@ -237,8 +286,29 @@ Result<OwnershipTable> LoadTable(const std::string& path, Sql& sql, bool fresh) 
   return table;
 }
 
-// Writes the rows of `after` that differ from `before`, and the counter.
-Status StoreChanges(Sql& sql, const OwnershipTable& before, const OwnershipTable& after) {
+void BindRow(sqlite3_stmt* statement, const OwnershipRow& row, const std::string& boot_id) {
+  sqlite3_bind_int(statement, 1, row.range.first());
+  sqlite3_bind_int(statement, 2, row.range.last());
+  sqlite3_bind_text(statement, 3, row.owner.str().data(), static_cast<int>(row.owner.str().size()),
+                    SQLITE_TRANSIENT);
+  sqlite3_bind_int64(statement, 4, static_cast<sqlite3_int64>(row.epoch.value()));
+  sqlite3_bind_int64(statement, 5, row.lease_expires_ms);
+  sqlite3_bind_text(statement, 6, boot_id.data(), static_cast<int>(boot_id.size()),
+                    SQLITE_TRANSIENT);
+}
+
+constexpr const char* kUpsertSql =
+    "INSERT INTO fleetfs_slot_owners "
+    "(range_start, range_end, owner_id, epoch, lease_expires_boot_ms, lease_boot_id) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (range_start, range_end) DO UPDATE SET "
+    "owner_id = excluded.owner_id, epoch = excluded.epoch, "
+    "lease_expires_boot_ms = excluded.lease_expires_boot_ms, "
+    "lease_boot_id = excluded.lease_boot_id";
+
+// Writes the rows of `after` that differ from `before`, and the counter. A
+// written row's expiry is on this boot's clock, so it carries this boot's id.
+Status StoreChanges(Sql& sql, const OwnershipTable& before, const OwnershipTable& after,
+                    const std::string& boot_id) {
   FLEETFS_ASSIGN_OR_RETURN(
       Statement remove,
       sql.Prepare("DELETE FROM fleetfs_slot_owners WHERE range_start = ?1 AND range_end = ?2"));
@@ -253,24 +323,13 @@ Status StoreChanges(Sql& sql, const OwnershipTable& before, const OwnershipTable
   }
   // An upsert, not INSERT OR REPLACE: a repeated epoch must fail loudly, not
   // silently delete the row that holds it.
-  FLEETFS_ASSIGN_OR_RETURN(
-      Statement upsert,
-      sql.Prepare("INSERT INTO fleetfs_slot_owners "
-                  "(range_start, range_end, owner_id, epoch, lease_expires_ms) "
-                  "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (range_start, range_end) DO UPDATE SET "
-                  "owner_id = excluded.owner_id, epoch = excluded.epoch, "
-                  "lease_expires_ms = excluded.lease_expires_ms"));
+  FLEETFS_ASSIGN_OR_RETURN(Statement upsert, sql.Prepare(kUpsertSql));
   for (const auto& row : after.rows()) {
     const bool unchanged =
         std::find(before.rows().begin(), before.rows().end(), row) != before.rows().end();
     if (unchanged) continue;
     sqlite3_reset(upsert.get());
-    sqlite3_bind_int(upsert.get(), 1, row.range.first());
-    sqlite3_bind_int(upsert.get(), 2, row.range.last());
-    sqlite3_bind_text(upsert.get(), 3, row.owner.str().data(),
-                      static_cast<int>(row.owner.str().size()), SQLITE_TRANSIENT);
-    sqlite3_bind_int64(upsert.get(), 4, static_cast<sqlite3_int64>(row.epoch.value()));
-    sqlite3_bind_int64(upsert.get(), 5, row.lease_expires_ms);
+    BindRow(upsert.get(), row, boot_id);
     FLEETFS_RETURN_IF_ERROR(sql.Done(upsert.get(), "writing an ownership row"));
   }
   if (after.last_epoch() != before.last_epoch()) {
@@ -282,15 +341,63 @@ Status StoreChanges(Sql& sql, const OwnershipTable& before, const OwnershipTable
   return Status::Ok();
 }
 
+// Schema 1 to 2, inside the caller's write transaction: the expiry column
+// becomes the boot clock's, each row gets this boot's id, and a lease still
+// live on the wall clock keeps what it had left (FromWallExpiry). Rows,
+// epochs and the counter are kept as they are. All of it commits or none.
+Status MigrateFromWallClock(Sql& sql, const StoreNow& now) {
+  FLEETFS_ASSIGN_OR_RETURN(Statement rows,
+                           sql.Prepare("SELECT range_start, range_end, lease_expires_ms "
+                                       "FROM fleetfs_slot_owners"));
+  struct Expiry {
+    int first, last;
+    BootMs expires;
+  };
+  std::vector<Expiry> expiries;
+  int rc;
+  while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
+    expiries.push_back({sqlite3_column_int(rows.get(), 0), sqlite3_column_int(rows.get(), 1),
+                        FromWallExpiry(sqlite3_column_int64(rows.get(), 2), now)});
+  }
+  if (rc != SQLITE_DONE) return sql.Error(rc, "reading the rows to migrate");
+  rows.reset();
+  FLEETFS_RETURN_IF_ERROR(
+      sql.Exec("ALTER TABLE fleetfs_slot_owners "
+               "RENAME COLUMN lease_expires_ms TO lease_expires_boot_ms; "
+               "ALTER TABLE fleetfs_slot_owners "
+               "ADD COLUMN lease_boot_id TEXT NOT NULL DEFAULT ''",
+               "migrating the schema from wall-clock to boot-clock expiries"));
+  FLEETFS_ASSIGN_OR_RETURN(
+      Statement update,
+      sql.Prepare("UPDATE fleetfs_slot_owners SET lease_expires_boot_ms = ?3, lease_boot_id = ?4 "
+                  "WHERE range_start = ?1 AND range_end = ?2"));
+  for (const Expiry& e : expiries) {
+    sqlite3_reset(update.get());
+    sqlite3_bind_int(update.get(), 1, e.first);
+    sqlite3_bind_int(update.get(), 2, e.last);
+    sqlite3_bind_int64(update.get(), 3, e.expires);
+    sqlite3_bind_text(update.get(), 4, now.boot_id.data(), static_cast<int>(now.boot_id.size()),
+                      SQLITE_TRANSIENT);
+    FLEETFS_RETURN_IF_ERROR(sql.Done(update.get(), "migrating a row to the boot clock"));
+  }
+  return sql.Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str(),
+                  "marking the migrated schema");
+}
+
 }  // namespace
 
-SqliteStore::SqliteStore(std::string path, const WallClock& clock, Options options)
-    : path_(std::move(path)), clock_(clock), options_(options) {}
+SqliteStore::SqliteStore(std::string path, const WallClock& wall, const BootClock& boot,
+                         std::unique_ptr<BootClock> owned_boot, Options options)
+    : path_(std::move(path)),
+      wall_(wall),
+      owned_boot_(std::move(owned_boot)),
+      boot_(boot),
+      options_(options) {}
 
 SqliteStore::~SqliteStore() = default;
 
 Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
-                                                       const WallClock& clock, Options options) {
+                                                       const WallClock& wall, Options options) {
   if (path.empty() || path.front() != '/') {
     return InvalidArgument("control database '" + path + "': the path must be absolute");
   }
@@ -304,7 +411,13 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
   } else if (!S_ISREG(st.st_mode)) {
     return InvalidArgument("control database " + path + ": not a regular file");
   }
-  std::unique_ptr<SqliteStore> store(new SqliteStore(path, clock, options));
+  std::unique_ptr<BootClock> owned_boot;
+  if (options.boot == nullptr) {
+    FLEETFS_ASSIGN_OR_RETURN(owned_boot, SystemBootClock::Make());
+  }
+  const BootClock& boot = options.boot != nullptr ? *options.boot : *owned_boot;
+  std::unique_ptr<SqliteStore> store(
+      new SqliteStore(path, wall, boot, std::move(owned_boot), options));
   FLEETFS_ASSIGN_OR_RETURN(ConnectionPtr connection, store->Acquire());
   Sql sql(path, connection->db.get());
   {
@@ -312,8 +425,7 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
     // not even by the switch to WAL mode below.
     Transaction read(sql);
     FLEETFS_RETURN_IF_ERROR(read.Begin("BEGIN", "starting a read"));
-    bool fresh = false;
-    FLEETFS_RETURN_IF_ERROR(CheckSchema(path, sql, &fresh));
+    FLEETFS_RETURN_IF_ERROR(CheckSchema(path, sql).status());
     FLEETFS_RETURN_IF_ERROR(read.Commit("ending the read"));
   }
   if (options.access == Access::kCreate) {
@@ -329,15 +441,16 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
     mode.reset();
     Transaction write(sql);
     FLEETFS_RETURN_IF_ERROR(write.Begin("BEGIN IMMEDIATE", "taking the write lock"));
-    bool fresh = false;
-    FLEETFS_RETURN_IF_ERROR(CheckSchema(path, sql, &fresh));
-    if (fresh) {
+    FLEETFS_ASSIGN_OR_RETURN(const Schema schema, CheckSchema(path, sql));
+    if (schema.fresh) {
       FLEETFS_RETURN_IF_ERROR(sql.Exec(kSchemaSql, "creating the schema"));
       FLEETFS_RETURN_IF_ERROR(
           sql.Exec(("PRAGMA application_id = " + std::to_string(kApplicationId) +
                     "; PRAGMA user_version = " + std::to_string(kSchemaVersion))
                        .c_str(),
                    "marking the schema"));
+    } else if (schema.version == 1) {
+      FLEETFS_RETURN_IF_ERROR(MigrateFromWallClock(sql, NowOf(boot, wall)));
     }
     FLEETFS_RETURN_IF_ERROR(write.Commit("committing the schema"));
   }
@@ -384,19 +497,25 @@ Result<T> SqliteStore::Decide(DecideFn&& decide) {
     Transaction transaction(sql);
     FLEETFS_RETURN_IF_ERROR(transaction.Begin("BEGIN IMMEDIATE", "taking the write lock"));
     // Read after the lock: decisions are then ordered in time as in the table.
-    const WallMs now = clock_.NowMs();
-    bool fresh = false;
-    FLEETFS_RETURN_IF_ERROR(CheckSchema(path_, sql, &fresh));
-    if (fresh) {
+    const StoreNow now = NowOf(boot_, wall_);
+    FLEETFS_ASSIGN_OR_RETURN(const Schema schema, CheckSchema(path_, sql));
+    if (schema.fresh) {
       return Status(Code::kFailedPrecondition,
                     "control database " + path_ + ": it has no fleetfs schema yet");
     }
-    FLEETFS_ASSIGN_OR_RETURN(const OwnershipTable before, LoadTable(path_, sql, fresh));
+    if (schema.version != kSchemaVersion) {
+      // Only a store opened kCreate migrates, and only it decides.
+      return Status(Code::kFailedPrecondition,
+                    "control database " + path_ + ": schema version " +
+                        std::to_string(schema.version) +
+                        " has wall-clock expiries; a claim or an agent migrates it first");
+    }
+    FLEETFS_ASSIGN_OR_RETURN(const OwnershipTable before, LoadTable(path_, sql, schema, now));
     OwnershipTable after = before;
-    answer.emplace(decide(after, now));
+    answer.emplace(decide(after, now.boot_ms));
     // A refused decision (an exhausted counter) writes nothing.
     if (answer->ok() && !(after == before)) {
-      FLEETFS_RETURN_IF_ERROR(StoreChanges(sql, before, after));
+      FLEETFS_RETURN_IF_ERROR(StoreChanges(sql, before, after, now.boot_id));
     }
     return transaction.Commit("committing the decision");
   }();
@@ -408,20 +527,20 @@ Result<T> SqliteStore::Decide(DecideFn&& decide) {
 
 Result<Decision> SqliteStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
                                     std::uint64_t floor) {
-  return Decide<Decision>([&](OwnershipTable& table, WallMs now) {
+  return Decide<Decision>([&](OwnershipTable& table, BootMs now) {
     return table.Claim(range, owner, now, ttl, floor);
   });
 }
 
 Result<Decision> SqliteStore::Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
                                     Millis ttl) {
-  return Decide<Decision>([&](OwnershipTable& table, WallMs now) -> Result<Decision> {
+  return Decide<Decision>([&](OwnershipTable& table, BootMs now) -> Result<Decision> {
     return table.Renew(range, owner, epoch, now, ttl);
   });
 }
 
 Result<bool> SqliteStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
-  return Decide<bool>([&](OwnershipTable& table, WallMs now) -> Result<bool> {
+  return Decide<bool>([&](OwnershipTable& table, BootMs now) -> Result<bool> {
     return table.Release(range, owner, epoch, now);
   });
 }
@@ -433,14 +552,25 @@ Result<OwnershipTable> SqliteStore::Read() {
   const Status status = [&]() -> Status {
     Transaction transaction(sql);
     FLEETFS_RETURN_IF_ERROR(transaction.Begin("BEGIN", "starting a read"));
-    bool fresh = false;
-    FLEETFS_RETURN_IF_ERROR(CheckSchema(path_, sql, &fresh));
-    FLEETFS_ASSIGN_OR_RETURN(table, LoadTable(path_, sql, fresh));
+    FLEETFS_ASSIGN_OR_RETURN(const Schema schema, CheckSchema(path_, sql));
+    FLEETFS_ASSIGN_OR_RETURN(table, LoadTable(path_, sql, schema, NowOf(boot_, wall_)));
     return transaction.Commit("ending the read");
   }();
   if (!status.ok()) return status;
   Return(std::move(connection));
   return std::move(*table);
+}
+
+}  // namespace fleetfs::lease
+
+namespace fleetfs::lease {
+
+WallMs SqliteStore::ToWallMs(BootMs store_ms) const {
+  const WallMs offset = wall_.NowMs() - boot_.NowMs();
+  // Saturates: a lease that never ends (INT64_MAX) must not wrap into the past.
+  if (offset > 0 && store_ms > INT64_MAX - offset) return INT64_MAX;
+  if (offset < 0 && store_ms < INT64_MIN - offset) return INT64_MIN;
+  return store_ms + offset;
 }
 
 }  // namespace fleetfs::lease

@@ -9,9 +9,17 @@
 // table. The database runs in WAL mode with synchronous=FULL: a granted epoch
 // is on disk before the grant is answered, so the counter never goes back.
 //
+// Lease expiries are on the host's boot clock (CLOCK_BOOTTIME, which no
+// `date -s` moves), with the boot id beside each row: a row written under
+// another boot id (a reboot, or the file moved to another machine) has ended
+// and loads lapsed, keeping its owner and epoch. The wall clock takes no part
+// in a decision; ToWallMs turns an expiry into a wall time for display.
+//
 // The schema is fleetfs's own (tables fleetfs_slot_owners and
 // fleetfs_epoch_counter), marked by PRAGMA application_id; a database of
-// another application is refused, never changed.
+// another application is refused, never changed. A database of schema 1
+// (wall-clock expiries) is migrated in place, in one transaction, by the
+// first Open with kCreate.
 //
 // Thread-safety: all calls are safe from any thread; each takes a pooled
 // connection of its own.
@@ -40,12 +48,16 @@ class SqliteStore final : public OwnershipStore {
     Access access = Access::kCreate;
     // How long a decision waits for another process's write lock.
     Millis busy_timeout{10'000};
+    // The clock leases are measured on; null: the host's (SystemBootClock).
+    // Must outlive the store.
+    const BootClock* boot = nullptr;
   };
 
   // Opens (and with kCreate, initializes) the control database at `path`.
-  // `clock` gives lease times and must outlive the store.
-  static Result<std::unique_ptr<SqliteStore>> Open(const std::string& path,
-                                                   const WallClock& clock, Options options);
+  // `wall` serves only ToWallMs and the migration of schema 1's wall-clock
+  // expiries; it must outlive the store.
+  static Result<std::unique_ptr<SqliteStore>> Open(const std::string& path, const WallClock& wall,
+                                                   Options options);
   ~SqliteStore() override;
 
   struct Connection;  // one pooled sqlite3 connection and its busy state
@@ -56,13 +68,16 @@ class SqliteStore final : public OwnershipStore {
                          Millis ttl) override;
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
   Result<OwnershipTable> Read() override;
-  WallMs NowMs() const override { return clock_.NowMs(); }
+  // The boot clock: the frame of this store's expiries.
+  BootMs NowMs() const override { return boot_.NowMs(); }
+  WallMs ToWallMs(BootMs store_ms) const override;
   std::string url() const override { return "sqlite://" + path_; }
 
  private:
   using ConnectionPtr = std::unique_ptr<Connection>;
 
-  SqliteStore(std::string path, const WallClock& clock, Options options);
+  SqliteStore(std::string path, const WallClock& wall, const BootClock& boot,
+              std::unique_ptr<BootClock> owned_boot, Options options);
 
   Result<ConnectionPtr> Acquire();
   void Return(ConnectionPtr connection);
@@ -72,7 +87,9 @@ class SqliteStore final : public OwnershipStore {
   Result<T> Decide(Decide&& decide);
 
   const std::string path_;
-  const WallClock& clock_;
+  const WallClock& wall_;
+  const std::unique_ptr<BootClock> owned_boot_;  // the host's, when none was passed in
+  const BootClock& boot_;
   const Options options_;
 
   std::mutex mu_;                       // guards idle_

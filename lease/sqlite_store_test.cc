@@ -19,6 +19,7 @@ namespace fleetfs::lease {
 namespace {
 
 using testing::AsGrant;
+using testing::FakeBootClock;
 using testing::FakeWallClock;
 using testing::Owner;
 using testing::Range;
@@ -26,11 +27,35 @@ using testing::TempDir;
 
 constexpr Millis kTtl{30'000};
 
-std::unique_ptr<SqliteStore> OpenOrDie(const std::string& path, const WallClock& clock,
-                                       SqliteStore::Access access = SqliteStore::Access::kCreate) {
-  auto store = SqliteStore::Open(path, clock, {.access = access});
+// 2023-11-14: a wall time far from any boot time, so a mix-up shows.
+constexpr WallMs kWallAtStart = 1'700'000'000'000;
+
+// This host's wall and boot clocks, moving together until a test steps the
+// wall clock (a `date -s`) or reboots. As a WallClock, it is the wall clock.
+class FakeClocks final : public WallClock {
+ public:
+  explicit FakeClocks(BootMs boot_start, std::string boot_id = "boot-1")
+      : wall(kWallAtStart + boot_start), boot(boot_start, std::move(boot_id)) {}
+  WallMs NowMs() const override { return wall.NowMs(); }
+  void Advance(Millis by) {
+    wall.Advance(by);
+    boot.Advance(by);
+  }
+
+  FakeWallClock wall;
+  FakeBootClock boot;
+};
+
+std::unique_ptr<SqliteStore> OpenOrDie(const std::string& path, const WallClock& wall,
+                                       SqliteStore::Access access = SqliteStore::Access::kCreate,
+                                       const BootClock* boot = nullptr) {
+  auto store = SqliteStore::Open(path, wall, {.access = access, .boot = boot});
   EXPECT_TRUE(store.ok()) << store.status().message();
   return store.ok() ? std::move(store).value() : nullptr;
+}
+std::unique_ptr<SqliteStore> OpenOrDie(const std::string& path, FakeClocks& clocks,
+                                       SqliteStore::Access access = SqliteStore::Access::kCreate) {
+  return OpenOrDie(path, clocks, access, &clocks.boot);
 }
 
 std::string ReadAll(const std::string& path) {
@@ -52,7 +77,7 @@ void RunSql(const std::string& path, const char* sql) {
 
 TEST(SqliteStore, decisions_persist_across_reopen) {
   TempDir dir;
-  FakeWallClock clock(1'000'000);
+  FakeClocks clock(1'000'000);
   const std::string path = dir.File("control.db");
   {
     auto store = OpenOrDie(path, clock);
@@ -75,7 +100,7 @@ TEST(SqliteStore, decisions_persist_across_reopen) {
 
 TEST(SqliteStore, the_counter_survives_removed_rows) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("control.db");
   auto store = OpenOrDie(path, clock);
   AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
@@ -88,7 +113,7 @@ TEST(SqliteStore, the_counter_survives_removed_rows) {
 
 TEST(SqliteStore, a_refused_claim_names_the_holder_and_writes_nothing) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   auto store = OpenOrDie(dir.File("control.db"), clock);
   AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
   const auto before = *store->Read();
@@ -293,7 +318,7 @@ TEST(SqliteStore, eight_processes_racing_on_one_file_keep_every_invariant) {
 
 TEST(SqliteStore, a_file_that_is_not_a_database_is_refused_and_left_unchanged) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("control.db");
   const std::string junk(4096, 'x');
   std::ofstream(path, std::ios::binary) << junk;
@@ -311,7 +336,7 @@ TEST(SqliteStore, a_file_that_is_not_a_database_is_refused_and_left_unchanged) {
 
 TEST(SqliteStore, another_applications_database_is_refused_and_left_unchanged) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("app.db");
   RunSql(path, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)");
   const std::string before = ReadAll(path);
@@ -325,7 +350,7 @@ TEST(SqliteStore, another_applications_database_is_refused_and_left_unchanged) {
 
 TEST(SqliteStore, a_missing_file_is_not_created_for_reading) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("control.db");
   const auto store = SqliteStore::Open(path, clock, {.access = SqliteStore::Access::kExisting});
   EXPECT_EQ(store.status().code(), Code::kNotFound);
@@ -335,7 +360,7 @@ TEST(SqliteStore, a_missing_file_is_not_created_for_reading) {
 
 TEST(SqliteStore, a_missing_directory_is_named) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("no/such/dir/control.db");
   const auto store = SqliteStore::Open(path, clock, {});
   ASSERT_FALSE(store.ok());
@@ -345,12 +370,12 @@ TEST(SqliteStore, a_missing_directory_is_named) {
 
 TEST(SqliteStore, a_corrupt_row_is_reported_not_served) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("control.db");
   ASSERT_NE(OpenOrDie(path, clock), nullptr);
   RunSql(path,
          "PRAGMA ignore_check_constraints=ON; INSERT INTO fleetfs_slot_owners VALUES "
-         "(0, 9, 'a', 1, 0), (5, 20, 'b', 2, 0)");
+         "(0, 9, 'a', 1, 0, 'boot-1'), (5, 20, 'b', 2, 0, 'boot-1')");
   auto store = OpenOrDie(path, clock);
   const auto claim = store->Claim(Range(100, 200), Owner("c"), kTtl, 0);
   EXPECT_EQ(claim.status().code(), Code::kDataLoss);
@@ -360,7 +385,7 @@ TEST(SqliteStore, a_corrupt_row_is_reported_not_served) {
 
 TEST(SqliteStore, a_write_lock_held_past_the_busy_timeout_is_unavailable_not_locked) {
   TempDir dir;
-  FakeWallClock clock(0);
+  FakeClocks clock(0);
   const std::string path = dir.File("control.db");
   auto store = SqliteStore::Open(path, clock, {.busy_timeout = Millis(50)});
   ASSERT_TRUE(store.ok()) << store.status().message();
@@ -376,6 +401,265 @@ TEST(SqliteStore, a_write_lock_held_past_the_busy_timeout_is_unavailable_not_loc
   sqlite3_close(holder);
   // The store works again once the lock is gone.
   EXPECT_EQ(AsGrant((*store)->Claim(Range(0, 1), Owner("a"), kTtl, 0)).epoch, Epoch(1));
+}
+
+// ---- the boot clock: no wall-clock step decides anything ----
+
+constexpr Millis kHour{3'600'000};
+
+TEST(SqliteStore, a_wall_clock_step_forward_lets_no_one_claim_a_live_lease) {
+  TempDir dir;
+  FakeClocks clock(50'000);
+  auto store = OpenOrDie(dir.File("control.db"), clock);
+  const Grant a = AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  clock.Advance(Millis(10'000));
+  clock.wall.Advance(kHour);  // date -s "+1 hour": the wall lease would be long over
+  const auto refused = store->Claim(Range(0, 99), Owner("b"), kTtl, 0);
+  ASSERT_TRUE(refused.ok()) << refused.status().message();
+  EXPECT_EQ(std::get<Held>(*refused), (Held{Range(0, 99), "a", a.lease_expires_ms}));
+  const Grant renewed = AsGrant(store->Renew(Range(0, 99), Owner("a"), a.epoch, kTtl));
+  EXPECT_EQ(renewed.epoch, a.epoch);
+  EXPECT_EQ(renewed.lease_expires_ms, 60'000 + kTtl.count());
+}
+
+TEST(SqliteStore, a_wall_clock_step_back_does_not_keep_a_lapsed_lease) {
+  TempDir dir;
+  FakeClocks clock(50'000);
+  auto store = OpenOrDie(dir.File("control.db"), clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  clock.wall.Advance(-kHour);  // date -s "-1 hour": the wall lease would last an hour more
+  clock.Advance(kTtl);         // the holder died; one ttl passes on the boot clock
+  const Grant b = AsGrant(store->Claim(Range(0, 99), Owner("b"), kTtl, 0));
+  EXPECT_EQ(b.epoch, Epoch(2));
+  EXPECT_TRUE(b.fresh);
+}
+
+TEST(SqliteStore, a_lease_lives_exactly_its_ttl_on_the_boot_clock_whatever_the_wall_does) {
+  TempDir dir;
+  FakeClocks clock(50'000);
+  auto store = OpenOrDie(dir.File("control.db"), clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  clock.wall.Advance(-kHour);
+  clock.boot.Advance(kTtl - Millis(1));
+  EXPECT_TRUE(std::holds_alternative<Held>(*store->Claim(Range(0, 99), Owner("b"), kTtl, 0)));
+  clock.wall.Advance(2 * kHour);
+  clock.boot.Advance(Millis(1));
+  EXPECT_EQ(AsGrant(store->Claim(Range(0, 99), Owner("b"), kTtl, 0)).epoch, Epoch(2));
+}
+
+TEST(SqliteStore, each_row_is_written_with_the_boot_id_of_its_decision) {
+  TempDir dir;
+  FakeClocks clock(50'000, "0f1e2d3c-boot");
+  const std::string path = dir.File("control.db");
+  auto store = OpenOrDie(path, clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* row = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "SELECT lease_expires_boot_ms, lease_boot_id FROM "
+                               "fleetfs_slot_owners",
+                               -1, &row, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(row), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int64(row, 0), 50'000 + kTtl.count());
+  EXPECT_EQ(reinterpret_cast<const char*>(sqlite3_column_text(row, 1)),
+            std::string("0f1e2d3c-boot"));
+  sqlite3_finalize(row);
+  sqlite3_close(db);
+}
+
+TEST(SqliteStore, a_new_boot_ends_every_lease_of_the_old_one_and_keeps_epochs_and_counter) {
+  TempDir dir;
+  const std::string path = dir.File("control.db");
+  {
+    FakeClocks before(900'000'000, "boot-1");
+    auto store = OpenOrDie(path, before);
+    AsGrant(store->Claim(Range(0, 99), Owner("a"), Millis(3'600'000), 0));
+    AsGrant(store->Claim(Range(100, 199), Owner("b"), Millis(3'600'000), 0));
+    AsGrant(store->Claim(Range(200, 299), Owner("c"), kTtl, 0));
+    ASSERT_TRUE(*store->Release(Range(200, 299), Owner("c"), Epoch(3)));
+  }
+  // Rebooted: the boot clock starts again near 0, below every old expiry.
+  FakeClocks after(5'000, "boot-2");
+  auto store = OpenOrDie(path, after, SqliteStore::Access::kExisting);
+  const auto table = store->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 3u);
+  EXPECT_EQ(table->rows()[0], (OwnershipRow{Range(0, 99), Owner("a"), Epoch(1), 0}));
+  EXPECT_EQ(table->rows()[1], (OwnershipRow{Range(100, 199), Owner("b"), Epoch(2), 0}));
+  EXPECT_EQ(table->rows()[2], (OwnershipRow{Range(200, 299), Owner("c"), Epoch(3), 0}));
+  EXPECT_EQ(table->last_epoch(), Epoch(3));
+}
+
+TEST(SqliteStore, a_claim_after_a_reboot_gets_an_epoch_above_every_old_one) {
+  TempDir dir;
+  const std::string path = dir.File("control.db");
+  {
+    FakeClocks before(900'000'000, "boot-1");
+    auto store = OpenOrDie(path, before);
+    AsGrant(store->Claim(Range(0, 99), Owner("a"), Millis(3'600'000), 0));
+    AsGrant(store->Claim(Range(100, 199), Owner("b"), Millis(3'600'000), 0));
+  }
+  FakeClocks after(5'000, "boot-2");
+  auto store = OpenOrDie(path, after);
+  const Grant c = AsGrant(store->Claim(Range(50, 149), Owner("c"), kTtl, 0));
+  EXPECT_EQ(c.epoch, Epoch(3));
+  EXPECT_TRUE(c.fresh);
+  EXPECT_EQ(c.lease_expires_ms, 5'000 + kTtl.count());
+  // The new row is of this boot: live, and refused to others.
+  EXPECT_TRUE(std::holds_alternative<Held>(*store->Claim(Range(0, 99), Owner("a"), kTtl, 0)));
+  EXPECT_EQ(store->Read()->last_epoch(), Epoch(3));
+}
+
+TEST(SqliteStore, after_a_reboot_an_owner_reclaims_its_own_row_at_its_epoch_as_after_any_restart) {
+  TempDir dir;
+  const std::string path = dir.File("control.db");
+  {
+    FakeClocks before(900'000'000, "boot-1");
+    AsGrant(OpenOrDie(path, before)->Claim(Range(0, 99), Owner("a"), Millis(3'600'000), 0));
+  }
+  FakeClocks after(5'000, "boot-2");
+  const Grant a = AsGrant(OpenOrDie(path, after)->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_EQ(a.epoch, Epoch(1));
+  EXPECT_FALSE(a.fresh);
+  EXPECT_EQ(a.lease_expires_ms, 5'000 + kTtl.count());
+}
+
+TEST(SqliteStore, to_wall_ms_shows_a_store_time_on_the_wall_clock_of_now) {
+  TempDir dir;
+  FakeClocks clock(50'000);
+  auto store = OpenOrDie(dir.File("control.db"), clock);
+  const Grant a = AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_EQ(store->NowMs(), 50'000);
+  EXPECT_EQ(store->ToWallMs(a.lease_expires_ms), kWallAtStart + 50'000 + kTtl.count());
+  // Display follows the wall clock; the decision above did not.
+  clock.wall.Advance(kHour);
+  EXPECT_EQ(store->ToWallMs(a.lease_expires_ms),
+            kWallAtStart + 50'000 + kTtl.count() + kHour.count());
+  EXPECT_EQ(store->ToWallMs(INT64_MAX), INT64_MAX);
+}
+
+// ---- schema 1 (wall-clock expiries), as fleetfs wrote it before ----
+
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE fleetfs_slot_owners (
+    range_start      INTEGER NOT NULL CHECK (range_start BETWEEN 0 AND 16383),
+    range_end        INTEGER NOT NULL CHECK (range_end BETWEEN range_start AND 16383),
+    owner_id         TEXT    NOT NULL CHECK (length(owner_id) BETWEEN 1 AND 128),
+    epoch            INTEGER NOT NULL UNIQUE CHECK (epoch > 0),
+    lease_expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (range_start, range_end)
+);
+CREATE TABLE fleetfs_epoch_counter (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    last INTEGER NOT NULL CHECK (last >= 0)
+);
+INSERT INTO fleetfs_epoch_counter (id, last) VALUES (1, 0);
+PRAGMA journal_mode=WAL;
+PRAGMA application_id = 1718380147;  -- 0x666c6673, "flfs"
+PRAGMA user_version = 1;
+)sql";
+
+std::int64_t UserVersion(const std::string& path) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* version = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr), SQLITE_OK);
+  EXPECT_EQ(sqlite3_step(version), SQLITE_ROW);
+  const std::int64_t value = sqlite3_column_int64(version, 0);
+  sqlite3_finalize(version);
+  sqlite3_close(db);
+  return value;
+}
+
+// A schema-1 file at wall time kWallAtStart + 50 s: a live lease (20 s left),
+// a lapsed one, one 10 h ahead (written under a wall clock set back), and a
+// counter above every row.
+std::string MakeSchemaV1(const TempDir& dir) {
+  const std::string path = dir.File("control.db");
+  const WallMs now = kWallAtStart + 50'000;
+  RunSql(path, kSchemaV1);
+  const auto row = [](const char* start, WallMs expires) {
+    return std::string(start) + std::to_string(expires) + ")";
+  };
+  const std::string rows = row("(0, 99, 'a', 3, ", now + 20'000) + ", " +
+                           row("(100, 199, 'b', 5, ", now - 5'000) + ", " +
+                           row("(200, 299, 'c', 6, ", now + 36'000'000);
+  RunSql(path, ("INSERT INTO fleetfs_slot_owners VALUES " + rows +
+                "; UPDATE fleetfs_epoch_counter SET last = 7")
+                   .c_str());
+  return path;
+}
+
+TEST(SqliteStore, a_schema_1_file_is_read_with_live_wall_leases_kept_and_left_unchanged) {
+  TempDir dir;
+  const std::string path = MakeSchemaV1(dir);
+  FakeClocks clock(50'000, "boot-9");
+  auto table = OpenOrDie(path, clock, SqliteStore::Access::kExisting)->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 3u);
+  EXPECT_EQ(table->rows()[0], (OwnershipRow{Range(0, 99), Owner("a"), Epoch(3), 70'000}));
+  EXPECT_EQ(table->rows()[1], (OwnershipRow{Range(100, 199), Owner("b"), Epoch(5), 0}));
+  EXPECT_EQ(table->rows()[2],
+            (OwnershipRow{Range(200, 299), Owner("c"), Epoch(6), 50'000 + kHour.count()}));
+  EXPECT_EQ(table->last_epoch(), Epoch(7));
+  EXPECT_EQ(UserVersion(path), 1) << "a listing migrated the file";
+}
+
+TEST(SqliteStore, a_schema_1_file_is_migrated_in_place_keeping_rows_epochs_and_counter) {
+  TempDir dir;
+  const std::string path = MakeSchemaV1(dir);
+  FakeClocks clock(50'000, "boot-9");
+  auto store = OpenOrDie(path, clock);
+  EXPECT_EQ(UserVersion(path), 2);
+  // Another boot reads what the migration wrote: every row of boot-9.
+  {
+    FakeClocks other(50'000, "boot-10");
+    auto table = OpenOrDie(path, other, SqliteStore::Access::kExisting)->Read();
+    ASSERT_TRUE(table.ok()) << table.status().message();
+    for (const auto& row : table->rows()) EXPECT_EQ(row.lease_expires_ms, 0);
+  }
+  // The live lease keeps what it had left (20 s), on the boot clock.
+  const auto held = store->Claim(Range(0, 99), Owner("z"), kTtl, 0);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(std::get<Held>(*held), (Held{Range(0, 99), "a", 70'000}));
+  // A lease from a wall clock set back keeps at most the longest ttl.
+  const auto capped = store->Claim(Range(200, 299), Owner("z"), kTtl, 0);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(std::get<Held>(*capped), (Held{Range(200, 299), "c", 50'000 + kHour.count()}));
+  // The lapsed one is claimed above the counter; its owner's renewal still
+  // works up to then, as for any lapse nobody used.
+  EXPECT_EQ(AsGrant(store->Renew(Range(100, 199), Owner("b"), Epoch(5), kTtl)).epoch, Epoch(5));
+  clock.Advance(kTtl);
+  const Grant z = AsGrant(store->Claim(Range(0, 199), Owner("z"), kTtl, 0));
+  EXPECT_EQ(z.epoch, Epoch(8));
+  // Reopening does not migrate twice.
+  EXPECT_NE(OpenOrDie(path, clock), nullptr);
+  EXPECT_EQ(store->Read()->last_epoch(), Epoch(8));
+}
+
+TEST(SqliteStore, a_schema_1_file_is_not_decided_on_by_a_listing_store) {
+  TempDir dir;
+  const std::string path = MakeSchemaV1(dir);
+  FakeClocks clock(50'000);
+  auto store = OpenOrDie(path, clock, SqliteStore::Access::kExisting);
+  const auto claim = store->Claim(Range(300, 399), Owner("z"), kTtl, 0);
+  EXPECT_EQ(claim.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(claim.status().message().find("wall-clock expiries"), std::string::npos)
+      << claim.status().message();
+  EXPECT_EQ(UserVersion(path), 1);
+}
+
+TEST(SqliteStore, a_schema_newer_than_this_fleetfs_is_refused) {
+  TempDir dir;
+  FakeClocks clock(0);
+  const std::string path = dir.File("control.db");
+  ASSERT_NE(OpenOrDie(path, clock), nullptr);
+  RunSql(path, "PRAGMA user_version = 3");
+  const auto store = SqliteStore::Open(path, clock, {.boot = &clock.boot});
+  EXPECT_EQ(store.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(store.status().message().find("upgrade fleetfs"), std::string::npos);
 }
 
 TEST(StoreUrl, accepts_absolute_sqlite_paths_only) {

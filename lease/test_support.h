@@ -46,6 +46,20 @@ class FakeWallClock final : public WallClock {
   std::atomic<WallMs> now_;
 };
 
+// A boot clock that moves only when a test moves it. A reboot is a new one
+// with another id (and a store opened on it, as a new process would).
+class FakeBootClock final : public BootClock {
+ public:
+  FakeBootClock(BootMs start, std::string boot_id) : now_(start), boot_id_(std::move(boot_id)) {}
+  BootMs NowMs() const override { return now_.load(); }
+  std::string BootId() const override { return boot_id_; }
+  void Advance(Millis by) { now_ += by.count(); }
+
+ private:
+  std::atomic<BootMs> now_;
+  const std::string boot_id_;
+};
+
 // A monotonic clock that moves only when a test moves it.
 class FakeMonotonicClock final : public MonotonicClock {
  public:

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <csignal>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -242,6 +244,63 @@ TEST_F(LeaseCommand, a_claim_above_a_floor_skips_to_a_higher_epoch) {
   ASSERT_EQ(ran.code, 0) << ran.err;
   EXPECT_NE(ran.out.find("at epoch 42 (new)"), std::string::npos) << ran.out;
   EXPECT_EQ(Ls()["last_epoch"], 42);
+}
+
+// The test-only wall offset (FLEETFS_TEST_WALL_OFFSET_FILE) set for the
+// commands this test runs; written by rename, as the variable asks.
+class WallOffset {
+ public:
+  explicit WallOffset(const TempDir& dir) : path_(dir.File("wall-offset")) {
+    ::setenv("FLEETFS_TEST_WALL_OFFSET_FILE", path_.c_str(), 1);
+  }
+  ~WallOffset() { ::unsetenv("FLEETFS_TEST_WALL_OFFSET_FILE"); }
+  void Set(const std::string& text) {
+    std::ofstream(path_ + ".new") << text;
+    std::filesystem::rename(path_ + ".new", path_);
+  }
+
+ private:
+  std::string path_;
+};
+
+long RealWallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+TEST_F(LeaseCommand, ls_shows_expiries_as_wall_times_and_a_wall_step_moves_only_the_display) {
+  WallOffset offset(dir_);  // missing file: no offset
+  const long before = RealWallMs();
+  ASSERT_EQ(Claim("host-a", "0-99").code, 0);
+  const long after = RealWallMs();
+  Json table = Ls();
+  const long expires = table["rows"][0]["lease_expires_ms"].get<long>();
+  EXPECT_GE(expires, before + 30'000) << "not a wall time";
+  EXPECT_LE(expires, RealWallMs() + 30'000);
+  EXPECT_GE(table["now_ms"].get<long>(), after);
+
+  for (const long step : {3'600'000L, -3'600'000L}) {
+    offset.Set(std::to_string(step) + "\n");
+    table = Ls();
+    // Displayed an hour off, as the wall clock is; the lease is as live as before.
+    EXPECT_NEAR(table["rows"][0]["lease_expires_ms"].get<long>(), expires + step, 2'000);
+    EXPECT_NEAR(table["now_ms"].get<long>(), RealWallMs() + step, 2'000);
+    EXPECT_EQ(table["rows"][0]["lapsed"], false) << step;
+    EXPECT_GT(table["rows"][0]["left_ms"].get<long>(), 20'000) << step;
+    const Ran held = Claim("host-b", "0-99");
+    EXPECT_EQ(held.code, 3) << "a wall step of " << step << " ms let another owner claim";
+  }
+}
+
+TEST_F(LeaseCommand, a_malformed_wall_offset_file_is_refused_before_anything_runs) {
+  WallOffset offset(dir_);
+  offset.Set("one hour");
+  const Ran ran = Claim("host-a", "0-99");
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("FLEETFS_TEST_WALL_OFFSET_FILE"), std::string::npos) << ran.err;
+  EXPECT_NE(ran.err.find("one signed integer of milliseconds"), std::string::npos) << ran.err;
+  EXPECT_FALSE(std::filesystem::exists(Control()));
 }
 
 // Every bad value: one line that names it and its rule, exit 2, and the

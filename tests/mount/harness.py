@@ -63,7 +63,7 @@ def wait_for(predicate, timeout, what, poll=0.01, on_fail=None):
 class Agent:
     """One `fleetfs mount` process with its own backing directory and mount."""
 
-    def __init__(self, root, name, store, owner, ranges="0-16383", ttl="3s", extra=()):
+    def __init__(self, root, name, store, owner, ranges="0-16383", ttl="3s", extra=(), env=None):
         self.name = name
         self.dir = os.path.join(root, name)
         self.backing = os.path.join(self.dir, "backing")
@@ -73,6 +73,7 @@ class Agent:
         os.makedirs(self.mount, exist_ok=True)
         self.store, self.owner, self.ranges, self.ttl = store, owner, ranges, ttl
         self.extra = list(extra)
+        self.env = dict(env or {})  # added to this process's environment
         self.admin_port = free_port()
         self.proc = None
 
@@ -84,7 +85,8 @@ class Agent:
 
     def start(self):
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env})
         log.close()
         return self
 

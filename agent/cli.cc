@@ -316,25 +316,29 @@ int RunWhere(const std::vector<std::string>& keys, const std::string& store_url,
     if (row == nullptr) {
       entry["range"] = nullptr;
       entry["owner"] = nullptr;
-      rows.push_back({Printable(key), std::to_string(slot), "-", "(nobody: not claimed)", "-",
-                      "-", "-"});
+      rows.push_back(
+          {Printable(key), std::to_string(slot), "-", "(nobody: not claimed)", "-", "-", "-"});
     } else {
       entry["range"] = row->range.ToString();
       entry["owner"] = row->owner.str();
       entry["epoch"] = row->epoch.value();
-      entry["lease_expires_ms"] = row->lease_expires_ms;
-      entry["lease_expires"] = lease::FormatWallTime(row->lease_expires_ms);
+      // The row's times are the store's own clock; the wall time is for
+      // people and routers' logs, never for deciding.
+      const WallMs expires = (*store)->ToWallMs(row->lease_expires_ms);
+      entry["lease_expires_ms"] = expires;
+      entry["lease_expires"] = lease::FormatWallTime(expires);
       entry["left_ms"] = std::max<WallMs>(0, row->lease_expires_ms - now);
       rows.push_back({Printable(key), std::to_string(slot), row->range.ToString(),
                       served ? Printable(row->owner.str())
                              : "(nobody: " + Printable(row->owner.str()) + "'s lease lapsed)",
-                      row->epoch.ToString(), LocalTime(row->lease_expires_ms),
+                      row->epoch.ToString(), LocalTime((*store)->ToWallMs(row->lease_expires_ms)),
                       TimeLeft(row->lease_expires_ms, now)});
     }
     list.push_back(std::move(entry));
   }
   if (json) {
-    out << Dump({{"store", (*store)->url()}, {"now_ms", now}, {"keys", list}}) << '\n';
+    out << Dump({{"store", (*store)->url()}, {"now_ms", (*store)->ToWallMs(now)}, {"keys", list}})
+        << '\n';
   } else {
     PrintTable(out, rows);
   }

@@ -189,8 +189,7 @@ TEST_F(LeaseCommand, where_names_the_owner_epoch_and_lease_end_of_each_keys_slot
   EXPECT_NE(ran.out.find("KEY   SLOT   RANGE       OWNER   EPOCH  LEASE EXPIRES"),
             std::string::npos)
       << ran.out;
-  EXPECT_NE(ran.out.find("acme  11304  8192-16383  host-b  2      "), std::string::npos)
-      << ran.out;
+  EXPECT_NE(ran.out.find("acme  11304  8192-16383  host-b  2      "), std::string::npos) << ran.out;
 }
 
 TEST_F(LeaseCommand, where_exits_6_when_a_keys_slot_is_unclaimed_or_its_lease_lapsed) {

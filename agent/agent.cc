@@ -486,7 +486,7 @@ AgentSnapshot Agent::Snapshot() const {
   s.pid = static_cast<int>(::getpid());
   s.now_ms = wall_.NowMs();
   s.mono_now = mono_.Now();
-  // steady_clock is CLOCK_MONOTONIC: other processes can compare with it.
+  // The agent's monotonic clock is CLOCK_BOOTTIME: other processes can compare with it.
   s.monotonic_now_s = std::chrono::duration<double>(s.mono_now.time_since_epoch()).count();
   vfs::FleetFs* fs = fs_for_readers_.load();
   std::shared_ptr<const vfs::ServingView> published;

@@ -50,7 +50,7 @@ struct AgentSnapshot {
   Millis ttl{0};
   int pid = 0;
   WallMs now_ms = 0;           // wall time of the snapshot, for display
-  double monotonic_now_s = 0;  // CLOCK_MONOTONIC of the snapshot, to compare lease ends
+  double monotonic_now_s = 0;  // CLOCK_BOOTTIME of the snapshot, to compare lease ends
   MonoTime mono_now{};
   std::vector<RangeSnapshot> ranges;
   std::array<std::uint64_t, static_cast<std::size_t>(Outcome::kCount)> outcomes{};

@@ -147,6 +147,13 @@ Result<std::unique_ptr<SystemBootClock>> SystemBootClock::Make() {
   return std::unique_ptr<SystemBootClock>(new SystemBootClock(std::move(id)));
 }
 
+MonoTime SystemMonotonicClock::Now() const {
+  timespec now{};
+  ::clock_gettime(CLOCK_BOOTTIME, &now);
+  return MonoTime(std::chrono::duration_cast<MonoTime::duration>(
+      std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
+}
+
 BootMs SystemBootClock::NowMs() const {
   timespec now{};
   ::clock_gettime(CLOCK_BOOTTIME, &now);

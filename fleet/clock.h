@@ -2,7 +2,8 @@
 //
 // Three kinds of time, never mixed:
 // - monotonic time (MonoTime) for a host's own deadlines: local leases, call
-//   time limits, refresh timers. It never jumps.
+//   time limits, refresh timers. It never jumps; the machine's is the boot
+//   clock (SystemMonotonicClock says why).
 // - boot time (BootMs, CLOCK_BOOTTIME in milliseconds, with the boot id) for
 //   lease expiries in the SQLite control database, shared by the agents of
 //   one host. It never steps, counts time spent suspended, and means nothing
@@ -50,9 +51,17 @@ class BootClock {
 };
 
 // The machine's clocks.
+//
+// The agent's monotonic time is CLOCK_BOOTTIME, not CLOCK_MONOTONIC: the
+// SQLite store measures lease expiries on the boot clock, which counts time
+// spent suspended, and CLOCK_MONOTONIC does not. A host suspended past its
+// lease must find its local lease ended on resume, as the store already does;
+// on CLOCK_MONOTONIC it would serve up to 2/3 ttl while another agent of the
+// host claims. Times of this clock are compared only with each other, never
+// with std::chrono::steady_clock::now().
 class SystemMonotonicClock final : public MonotonicClock {
  public:
-  MonoTime Now() const override { return std::chrono::steady_clock::now(); }
+  MonoTime Now() const override;
 };
 
 // CLOCK_REALTIME, plus the test-only offset of FLEETFS_TEST_WALL_OFFSET_FILE

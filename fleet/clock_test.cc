@@ -60,5 +60,22 @@ TEST(SystemBootClock, reads_this_boots_id_and_clock_boottime) {
   EXPECT_NEAR((*clock)->NowMs(), boot.tv_sec * 1000 + boot.tv_nsec / 1'000'000, 1'000);
 }
 
+// Where the machine never slept, CLOCK_BOOTTIME and CLOCK_MONOTONIC agree and
+// this cannot tell them apart; where it did (a laptop, a resumed VM), a
+// monotonic-based clock falls outside the bracket by the time slept.
+TEST(SystemMonotonicClock, counts_the_boot_clock_so_a_suspend_ends_local_leases) {
+  SystemMonotonicClock clock;
+  auto boot_now = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_BOOTTIME, &t);
+    return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+  };
+  const auto before = boot_now();
+  const auto read = clock.Now().time_since_epoch();
+  const auto after = boot_now();
+  EXPECT_LE(before, read);
+  EXPECT_LE(read, after);
+}
+
 }  // namespace
 }  // namespace fleetfs

@@ -146,6 +146,7 @@ int RunSlot(const std::vector<std::string>& keys, const std::string& mode_text, 
 
 struct LeaseArgs {
   std::string store;
+  lease::StoreTls tls;  // etcds:// only
   std::string owner;
   std::string range;
   std::string ttl = "30s";
@@ -156,6 +157,7 @@ struct LeaseArgs {
 // Checked before the store is opened, so bad input changes nothing.
 struct CheckedLease {
   std::string url;
+  lease::StoreTls tls;
   std::optional<OwnerId> owner;
   std::optional<SlotRange> range;
   Millis ttl{};
@@ -164,8 +166,10 @@ struct CheckedLease {
 
 Result<CheckedLease> Check(const LeaseArgs& args, bool needs_owner, bool needs_epoch) {
   CheckedLease checked;
-  FLEETFS_RETURN_IF_ERROR(lease::ParseStoreUrl(args.store).status());
+  FLEETFS_ASSIGN_OR_RETURN(const lease::StoreUrl url, lease::ParseStoreUrl(args.store));
+  FLEETFS_RETURN_IF_ERROR(lease::CheckStoreTls(url, args.tls));
   checked.url = args.store;
+  checked.tls = args.tls;
   if (!needs_owner) return checked;
   FLEETFS_ASSIGN_OR_RETURN(OwnerId owner, OwnerId::Make(args.owner));
   checked.owner = owner;
@@ -193,7 +197,8 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
   auto checked = Check(args, false, false);
   if (!checked.ok()) return Fail(err, checked.status());
   SystemWallClock clock;
-  auto store = lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting);
+  auto store = lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting,
+                                 checked->tls);
   if (!store.ok()) return Fail(err, store.status());
   auto table = (*store)->Read();
   if (!table.ok()) return Fail(err, table.status());
@@ -241,7 +246,8 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
   auto checked = Check(args, true, verb != LeaseVerb::kClaim);
   if (!checked.ok()) return Fail(err, checked.status());
   SystemWallClock clock;
-  auto store = lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kCreate);
+  auto store = lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kCreate,
+                                 checked->tls);
   if (!store.ok()) return Fail(err, store.status());
   const OwnerId& owner = *checked->owner;
   const SlotRange range = *checked->range;
@@ -330,6 +336,11 @@ EXAMPLES
 constexpr const char* kLeaseFooter = R"(
 STORE URLS
   sqlite:///absolute/path/control.db   the embedded SQLite control database
+  etcd://HOST:PORT[,HOST:PORT...]/PREFIX
+                                       an etcd 3.4+ cluster; keys under PREFIX/
+  etcds://HOST:PORT[,HOST:PORT...]/PREFIX
+                                       the same over TLS (--store-ca, --store-cert,
+                                       --store-key)
 
 The ownership table never overlaps two ranges, never reuses an epoch, and
 never lets a claim take a range whose lease is live. A claim of the same range
@@ -495,7 +506,8 @@ value, the directories and the store file have passed)
   mode = "tenant"                 # or "slot"
   owner = "host-a"                # default: the host name
   ranges = ["0-8191"]             # or "0-8191,9000-9999"
-  store = "sqlite:///var/lib/fleetfs/control.db"
+  store = "sqlite:///var/lib/fleetfs/control.db"   # or "etcd://h1:2379,h2:2379/fleetfs"
+  # store_ca, store_cert, store_key = "/etc/fleetfs/etcd-ca.pem" ...  (etcds:// only)
   ttl = "30s"                     # 3s to 3600s; refresh every ttl/3
   admin = "127.0.0.1:7878"        # or "off"; loopback only
   no_create = false
@@ -656,8 +668,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   lease_cmd->footer(kLeaseFooter);
   LeaseArgs args;
   auto add_store = [&](CLI::App* cmd) {
-    cmd->add_option("--store", args.store, "Ownership store URL (sqlite:///ABSOLUTE/PATH)")
+    cmd->add_option("--store", args.store,
+                    "Ownership store URL (sqlite:///ABSOLUTE/PATH, etcd://HOST:PORT/PREFIX)")
         ->required();
+    cmd->add_option("--store-ca", args.tls.ca, "etcds://: CA bundle of the members' certificates");
+    cmd->add_option("--store-cert", args.tls.cert, "etcds://: client certificate");
+    cmd->add_option("--store-key", args.tls.key, "etcds://: client certificate's key");
   };
   auto* ls = lease_cmd->add_subcommand(
       "ls", "List the table: range, owner, epoch, lease expiry (local time), time left");
@@ -685,6 +701,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 
   ConfigInput mount_input;
   std::string config_file, backing, mountpoint, mount_mode, owner, ranges, store, ttl, admin, grace;
+  std::string store_ca, store_cert, store_key;
   bool no_create = false;
   auto* mount = app.add_subcommand("mount", "Run the agent: mount the fleet root and serve it");
   mount->footer(kMountFooter);
@@ -701,6 +718,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                        ->default_str("0-16383");
   auto* o_store = mount->add_option("--store", store, "Ownership store URL")
                       ->default_str(kDefaultStore);
+  auto* o_store_ca =
+      mount->add_option("--store-ca", store_ca, "etcds://: CA bundle of the members' certificates");
+  auto* o_store_cert = mount->add_option("--store-cert", store_cert, "etcds://: client certificate");
+  auto* o_store_key = mount->add_option("--store-key", store_key, "etcds://: client certificate's key");
   auto* o_ttl = mount->add_option("--ttl", ttl, "Lease length, 3s to 3600s")->default_str("30s");
   auto* o_admin = mount->add_option("--admin", admin, "Admin HTTP endpoint on loopback, or 'off'")
                       ->default_str(kDefaultAdmin);
@@ -805,6 +826,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     set(o_owner, owner, mount_input.owner);
     set(o_ranges, ranges, mount_input.ranges);
     set(o_store, store, mount_input.store);
+    set(o_store_ca, store_ca, mount_input.store_ca);
+    set(o_store_cert, store_cert, mount_input.store_cert);
+    set(o_store_key, store_key, mount_input.store_key);
     set(o_ttl, ttl, mount_input.ttl);
     set(o_admin, admin, mount_input.admin);
     set(o_grace, grace, mount_input.shutdown_grace);

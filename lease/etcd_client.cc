@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "lease/owner_id.h"
@@ -307,8 +308,11 @@ std::optional<std::string> Base64Decode(std::string_view text) {
 }
 
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<EtcdTransport> transport,
-                       const MonotonicClock& clock)
-    : endpoints_(std::move(endpoints)), transport_(std::move(transport)), clock_(clock) {
+                       const MonotonicClock& clock, Sleep sleep)
+    : endpoints_(std::move(endpoints)),
+      transport_(std::move(transport)),
+      clock_(clock),
+      sleep_(sleep ? std::move(sleep) : Sleep([](Millis ms) { std::this_thread::sleep_for(ms); })) {
   assert(!endpoints_.empty());
 }
 
@@ -316,63 +320,81 @@ Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::st
                                             MonoTime deadline) {
   const std::size_t n = endpoints_.size();
   const std::size_t first = preferred_.load();
-  std::string failures;
-  std::size_t tried = 0;
-  for (; tried < n; ++tried) {
-    const std::size_t index = (first + tried) % n;
-    const std::string& endpoint = endpoints_[index];
-    const MonoTime now = clock_.Now();
-    if (now >= deadline) break;
-    const Millis left = std::chrono::ceil<Millis>(deadline - now);
-    // Every attempt but the last leaves half the time for the next endpoint.
-    const Millis budget = tried + 1 < n ? std::max(left / 2, Millis(1)) : left;
-    Result<EtcdHttpAnswer> answer =
-        transport_->Post({endpoint, std::string(path), body, budget});
-    if (clock_.Now() > deadline) {
-      return Status(Code::kDeadlineExceeded,
-                    "etcd endpoint " + endpoint + " answered " + std::string(path) +
-                        " after the call's time limit; the answer is ignored");
+  // The last failure of each endpoint, for the message when none answers.
+  std::vector<std::string> failures(n);
+  bool any_tried = false;
+  for (int round = 0;; ++round) {
+    if (round > 0) {
+      const MonoTime now = clock_.Now();
+      if (now + kRoundPause >= deadline) break;
+      sleep_(kRoundPause);
     }
-    if (!answer.ok()) {
-      failures += (failures.empty() ? "" : "; ") + answer.status().message();
-      continue;
+    for (std::size_t tried = 0; tried < n; ++tried) {
+      const std::size_t index = (first + tried) % n;
+      const std::string& endpoint = endpoints_[index];
+      const MonoTime now = clock_.Now();
+      if (now >= deadline) break;
+      const Millis left = std::chrono::ceil<Millis>(deadline - now);
+      // Every attempt but the round's last leaves half the time for the next.
+      const Millis budget = tried + 1 < n ? std::max(left / 2, Millis(1)) : left;
+      any_tried = true;
+      Result<EtcdHttpAnswer> answer =
+          transport_->Post({endpoint, std::string(path), body, budget});
+      if (!answer.ok()) {
+        failures[index] = answer.status().message();
+        continue;
+      }
+      if (clock_.Now() > deadline) {
+        return Status(Code::kDeadlineExceeded,
+                      "etcd endpoint " + endpoint + " answered " + std::string(path) +
+                          " after the call's time limit; the answer is ignored");
+      }
+      if (answer->status == 200) {
+        preferred_.store(index);
+        return Answer{endpoint, std::move(answer->body)};
+      }
+      // An error answer: {"error": ..., "message": ..., "code": N}.
+      std::string message = "HTTP " + std::to_string(answer->status);
+      int grpc = -1;
+      const Json json = Json::parse(answer->body, nullptr, false);
+      if (!json.is_discarded() && json.is_object()) {
+        const auto m = json.find("message");
+        if (m != json.end() && m->is_string()) {
+          message = Printable(m->get<std::string>().substr(0, 300));
+        }
+        const auto c = json.find("code");
+        if (c != json.end() && c->is_number_integer()) grpc = c->get<int>();
+      } else {
+        message += ": '" + Printable(std::string_view(answer->body).substr(0, 120)) + "'";
+      }
+      const std::string said = "etcd endpoint " + endpoint + " refused " + std::string(path) +
+                               ": " + message;
+      const bool unavailable = grpc == kGrpcUnavailable || grpc == kGrpcDeadlineExceeded ||
+                               grpc == kGrpcCanceled || answer->status == 502 ||
+                               answer->status == 503 || answer->status == 504;
+      if (unavailable) {
+        failures[index] = said;
+        continue;
+      }
+      preferred_.store(index);  // it answered, if only to refuse
+      if (grpc == kGrpcNotFound) return NotFound(said);
+      return Status(Code::kFailedPrecondition, said);
     }
-    if (answer->status == 200) {
-      preferred_.store(index);
-      return Answer{endpoint, std::move(answer->body)};
-    }
-    // An error answer: {"error": ..., "message": ..., "code": N}.
-    std::string message = "HTTP " + std::to_string(answer->status);
-    int grpc = -1;
-    const Json json = Json::parse(answer->body, nullptr, false);
-    if (!json.is_discarded() && json.is_object()) {
-      const auto m = json.find("message");
-      if (m != json.end() && m->is_string()) message = Printable(m->get<std::string>().substr(0, 300));
-      const auto c = json.find("code");
-      if (c != json.end() && c->is_number_integer()) grpc = c->get<int>();
-    } else {
-      message += ": '" + Printable(std::string_view(answer->body).substr(0, 120)) + "'";
-    }
-    const std::string said = "etcd endpoint " + endpoint + " refused " + std::string(path) +
-                             ": " + message;
-    const bool unavailable = grpc == kGrpcUnavailable || grpc == kGrpcDeadlineExceeded ||
-                             grpc == kGrpcCanceled || answer->status == 502 ||
-                             answer->status == 503 || answer->status == 504;
-    if (unavailable) {
-      failures += (failures.empty() ? "" : "; ") + said;
-      continue;
-    }
-    preferred_.store(index);  // it answered, if only to refuse
-    if (grpc == kGrpcNotFound) return NotFound(said);
-    return Status(Code::kFailedPrecondition, said);
+    if (clock_.Now() >= deadline) break;
   }
-  if (failures.empty()) {
+  if (!any_tried) {
     return Status(Code::kDeadlineExceeded,
                   "etcd call " + std::string(path) + ": its time limit ended before any endpoint "
                   "could be tried");
   }
+  std::string all;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string& failure = failures[(first + i) % n];
+    if (failure.empty()) continue;
+    all += (all.empty() ? "" : "; ") + failure;
+  }
   return Unavailable("the etcd cluster did not answer " + std::string(path) +
-                     (tried < n ? " within the call's time limit" : "") + ": " + failures);
+                     " within the call's time limit: " + all);
 }
 
 Result<EtcdRange> EtcdClient::Range(const std::string& key, const std::string& range_end,

@@ -11,10 +11,13 @@
 //
 // Endpoints fail over: a call goes first to the endpoint that last answered;
 // an endpoint that cannot be reached, times out or answers "unavailable"
-// costs one retry on the next one, all within the call's deadline. Every
-// attempt but the last gets half of the time left, so a partitioned member
-// (one that accepts the connection and never answers) leaves time for the
-// next. An answer that arrives after the deadline is ignored.
+// (no leader, leader changed) costs one retry on the next one, all within the
+// call's deadline. In each round over the endpoints every attempt but the
+// round's last gets half of the time left, so a partitioned member (one that
+// accepts the connection and never answers) leaves time for the next. When a
+// whole round failed fast (an election in progress), the call waits a moment
+// and goes round again until its deadline. An answer that arrives after the
+// deadline is ignored.
 //
 // Thread-safety: all calls are safe from any thread; the transport must be
 // too. The preferred endpoint is an atomic index.
@@ -22,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,10 +121,16 @@ struct EtcdLease {
 
 class EtcdClient {
  public:
+  using Sleep = std::function<void(Millis)>;
+
   // `endpoints` are "host:port", at least one; `clock` gives the deadlines
-  // and must outlive the client.
+  // and must outlive the client; `sleep` waits between rounds (a test moves
+  // its clock instead).
   EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<EtcdTransport> transport,
-             const MonotonicClock& clock);
+             const MonotonicClock& clock, Sleep sleep = nullptr);
+
+  // The pause between two rounds over the endpoints.
+  static constexpr Millis kRoundPause{50};
 
   // The keys in [key, range_end) (range_end "" = the one key), linearizable.
   Result<EtcdRange> Range(const std::string& key, const std::string& range_end, MonoTime deadline);
@@ -151,6 +161,7 @@ class EtcdClient {
   const std::vector<std::string> endpoints_;
   const std::unique_ptr<EtcdTransport> transport_;
   const MonotonicClock& clock_;
+  const Sleep sleep_;
   std::atomic<std::size_t> preferred_{0};
 };
 

@@ -25,8 +25,12 @@ class ScriptedTransport final : public EtcdTransport {
     Then([=](const EtcdHttpCall&) { return Result<EtcdHttpAnswer>(EtcdHttpAnswer{status, body}); });
   }
 
+  // What every call gets once the script has run out.
+  void Always(Step step) { always_ = std::move(step); }
+
   Result<EtcdHttpAnswer> Post(const EtcdHttpCall& call) override {
     calls_->push_back(call);
+    if (steps_.empty() && always_) return always_(call);
     if (steps_.empty()) return Internal("the script has no answer for " + call.path);
     Step step = std::move(steps_.front());
     steps_.pop_front();
@@ -36,6 +40,7 @@ class ScriptedTransport final : public EtcdTransport {
  private:
   std::vector<EtcdHttpCall>* calls_;
   std::deque<Step> steps_;
+  Step always_;
 };
 
 class EtcdClientTest : public ::testing::Test {
@@ -43,7 +48,8 @@ class EtcdClientTest : public ::testing::Test {
   EtcdClient& Client(std::vector<std::string> endpoints = {"10.0.0.1:2379"}) {
     auto transport = std::make_unique<ScriptedTransport>(&calls_);
     script_ = transport.get();
-    client_ = std::make_unique<EtcdClient>(std::move(endpoints), std::move(transport), clock_);
+    client_ = std::make_unique<EtcdClient>(std::move(endpoints), std::move(transport), clock_,
+                                           [this](Millis ms) { clock_.Advance(ms); });
     return *client_;
   }
   MonoTime In(Millis ms) const { return clock_.Now() + ms; }
@@ -266,18 +272,38 @@ TEST_F(EtcdClientTest, an_endpoint_without_a_leader_is_retried_on_the_next) {
   EXPECT_EQ(calls_.size(), 2u);
 }
 
-TEST_F(EtcdClientTest, when_no_endpoint_answers_the_error_names_each) {
+TEST_F(EtcdClientTest, when_no_endpoint_answers_the_call_goes_round_until_its_deadline_naming_each) {
   EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
-  for (int i = 0; i < 2; ++i) {
-    script_->Then([](const EtcdHttpCall& call) -> Result<EtcdHttpAnswer> {
-      return Unavailable("etcd endpoint " + call.endpoint + " is unreachable: refused");
-    });
-  }
+  const MonoTime start = clock_.Now();
+  script_->Always([](const EtcdHttpCall& call) -> Result<EtcdHttpAnswer> {
+    return Unavailable("etcd endpoint " + call.endpoint + " is unreachable: refused");
+  });
   const auto range = client.Range("p/", "p0", In(Millis(1000)));
   ASSERT_FALSE(range.ok());
   EXPECT_EQ(range.status().code(), Code::kUnavailable);
-  EXPECT_NE(range.status().message().find("10.0.0.1:2379 is unreachable"), std::string::npos);
-  EXPECT_NE(range.status().message().find("10.0.0.2:2379 is unreachable"), std::string::npos);
+  const std::string& message = range.status().message();
+  EXPECT_NE(message.find("10.0.0.1:2379 is unreachable"), std::string::npos) << message;
+  EXPECT_NE(message.find("10.0.0.2:2379 is unreachable"), std::string::npos) << message;
+  // Each endpoint is named once, however many rounds there were.
+  EXPECT_EQ(message.find("10.0.0.1:2379"), message.rfind("10.0.0.1:2379")) << message;
+  EXPECT_GT(calls_.size(), 2u);
+  EXPECT_LE(clock_.Now() - start, Millis(1000));
+}
+
+TEST_F(EtcdClientTest, an_election_in_progress_is_ridden_out_by_another_round) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  const MonoTime start = clock_.Now();
+  for (int i = 0; i < 2; ++i) {
+    script_->ThenAnswer(
+        R"({"error":"etcdserver: leader changed","message":"etcdserver: leader changed","code":14})",
+        503);
+  }
+  script_->ThenAnswer(std::string(R"({"result":{)") + kHeader + R"(,"ID":"42","TTL":"5"}})");
+  const auto kept = client.KeepAlive(42, In(Millis(1000)));
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  ASSERT_EQ(calls_.size(), 3u);
+  EXPECT_EQ(calls_[2].endpoint, "10.0.0.1:2379");
+  EXPECT_EQ(clock_.Now() - start, EtcdClient::kRoundPause);
 }
 
 TEST_F(EtcdClientTest, an_answer_after_the_deadline_is_ignored) {

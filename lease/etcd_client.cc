@@ -227,13 +227,26 @@ class CurlTransport final : public EtcdTransport {
                          std::to_string(timeout_ms) + " ms (" + detail + ")");
     }
     if (IsTlsError(code)) {
-      return Unavailable("TLS with " + who + " failed: " + detail +
+      // Not Unavailable: going round the endpoints again will not mend it.
+      return Status(Code::kFailedPrecondition, "TLS with " + who + " failed: " + detail +
                          "; an etcds:// store needs members that serve TLS, with certificates "
                          "signed by store_ca (and store_cert/store_key when they ask for a "
                          "client certificate)");
     }
     if (code == CURLE_COULDNT_CONNECT || code == CURLE_COULDNT_RESOLVE_HOST) {
       return Unavailable(who + " is unreachable: " + detail);
+    }
+    if (tls_.enabled && (code == CURLE_RECV_ERROR || code == CURLE_SEND_ERROR ||
+                         code == CURLE_GOT_NOTHING)) {
+      // TLS 1.3 checks a client certificate after the handshake: a member
+      // that refuses it just closes the connection.
+      return Unavailable("TLS with " + who + " failed: the member closed the connection (" +
+                         detail + "); a member that asks for a client certificate does so "
+                         "when store_cert/store_key is missing or not signed by its CA");
+    }
+    if (code == CURLE_GOT_NOTHING && !tls_.enabled) {
+      return Unavailable(who + ": " + detail +
+                         " (a member that serves TLS closes plain connections so; use etcds://)");
     }
     if (code != CURLE_OK) return Unavailable(who + ": " + detail);
     long status = 0;
@@ -320,17 +333,25 @@ Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::st
                                             MonoTime deadline) {
   const std::size_t n = endpoints_.size();
   const std::size_t first = preferred_.load();
-  // The last failure of each endpoint, for the message when none answers.
+  // The first failure of each endpoint (its fullest attempt), for the
+  // message when none answers.
   std::vector<std::string> failures(n);
+  // Endpoints that failed in a way another round cannot mend (TLS).
+  std::vector<bool> hopeless(n, false);
+  auto failed = [&](std::size_t index, const std::string& why) {
+    if (failures[index].empty()) failures[index] = why;
+  };
   bool any_tried = false;
   for (int round = 0;; ++round) {
     if (round > 0) {
       const MonoTime now = clock_.Now();
+      if (std::all_of(hopeless.begin(), hopeless.end(), [](bool h) { return h; })) break;
       if (now + kRoundPause >= deadline) break;
       sleep_(kRoundPause);
     }
     for (std::size_t tried = 0; tried < n; ++tried) {
       const std::size_t index = (first + tried) % n;
+      if (hopeless[index]) continue;
       const std::string& endpoint = endpoints_[index];
       const MonoTime now = clock_.Now();
       if (now >= deadline) break;
@@ -341,7 +362,8 @@ Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::st
       Result<EtcdHttpAnswer> answer =
           transport_->Post({endpoint, std::string(path), body, budget});
       if (!answer.ok()) {
-        failures[index] = answer.status().message();
+        failed(index, answer.status().message());
+        hopeless[index] = answer.status().code() != Code::kUnavailable;
         continue;
       }
       if (clock_.Now() > deadline) {
@@ -373,7 +395,7 @@ Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::st
                                grpc == kGrpcCanceled || answer->status == 502 ||
                                answer->status == 503 || answer->status == 504;
       if (unavailable) {
-        failures[index] = said;
+        failed(index, said);
         continue;
       }
       preferred_.store(index);  // it answered, if only to refuse

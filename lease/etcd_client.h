@@ -52,8 +52,9 @@ struct EtcdHttpAnswer {
 };
 
 // Moves one call to an endpoint and back. Unavailable when the endpoint cannot
-// be reached, does not answer in time or fails the TLS handshake (the message
-// names the endpoint and says which); any HTTP answer is returned as is.
+// be reached or does not answer in time, FailedPrecondition when the TLS
+// handshake fails (a retry cannot mend it); the message names the endpoint
+// and says which. Any HTTP answer is returned as is.
 class EtcdTransport {
  public:
   virtual ~EtcdTransport() = default;

@@ -290,6 +290,27 @@ TEST_F(EtcdClientTest, when_no_endpoint_answers_the_call_goes_round_until_its_de
   EXPECT_LE(clock_.Now() - start, Millis(1000));
 }
 
+TEST_F(EtcdClientTest, a_tls_failure_is_not_retried_in_later_rounds_and_keeps_its_message) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->Then([](const EtcdHttpCall& call) -> Result<EtcdHttpAnswer> {
+    return Status(Code::kFailedPrecondition,
+                  "TLS with etcd endpoint " + call.endpoint + " failed: unknown CA");
+  });
+  script_->Always([this](const EtcdHttpCall& call) -> Result<EtcdHttpAnswer> {
+    clock_.Advance(Millis(10));
+    return Unavailable("etcd endpoint " + call.endpoint + " did not answer");
+  });
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_FALSE(range.ok());
+  EXPECT_NE(range.status().message().find("TLS with etcd endpoint 10.0.0.1:2379 failed"),
+            std::string::npos)
+      << range.status().message();
+  std::size_t to_first = 0;
+  for (const auto& call : calls_) to_first += call.endpoint == "10.0.0.1:2379";
+  EXPECT_EQ(to_first, 1u);
+  EXPECT_GT(calls_.size(), 3u);  // the other endpoint was asked round after round
+}
+
 TEST_F(EtcdClientTest, an_election_in_progress_is_ridden_out_by_another_round) {
   EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
   const MonoTime start = clock_.Now();

@@ -13,7 +13,7 @@ packages=(
   # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
   fuse3
   # tests: real clients and servers the tests drive
-  sqlite3 python3 redis-server etcd-server
+  sqlite3 python3 redis-server etcd-server openssl
   # fuzz targets (tests/fuzz): clang 14 and its runtimes (libclang_rt.fuzzer,
   # the sanitizers' clang runtimes)
   clang libclang-rt-14-dev

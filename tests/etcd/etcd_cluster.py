@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -30,13 +31,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def post(endpoint, path, body, timeout=2.0):
-    """POSTs JSON to a member's v3 gateway; the answer's JSON, or None when it
-    does not answer."""
-    request = urllib.request.Request(f"http://{endpoint}{path}", data=json.dumps(body).encode(),
+def post(endpoint, path, body, timeout=2.0, tls=None):
+    """POSTs JSON to a member's v3 gateway (over TLS with `tls`, an
+    ssl.SSLContext); the answer's JSON, or None when it does not answer."""
+    scheme = "https" if tls else "http"
+    request = urllib.request.Request(f"{scheme}://{endpoint}{path}",
+                                     data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout, context=tls) as r:
             return json.loads(r.read())
     except (OSError, urllib.error.URLError, ValueError):
         return None
@@ -72,14 +75,46 @@ class Member:
         return f"--- etcd {self.name} ({self.endpoint}) ---\n" + "\n".join(tail)
 
 
-class EtcdCluster:
-    """N members on loopback. Members are numbered 0..N-1 in the URL's order."""
+def make_certificates(root):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, with
+    the openssl command: {"ca", "server_cert", "server_key", "client_cert",
+    "client_key"} paths."""
+    files = {k: os.path.join(root, f"{k}.pem") for k in
+             ("ca", "ca_key", "server_cert", "server_key", "client_cert", "client_key")}
 
-    def __init__(self, size=3, token=None):
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=fleetfs-test-ca", "-keyout", files["ca_key"], "-out", files["ca"])
+    ext = os.path.join(root, "san.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    for who, cn in (("server", "127.0.0.1"), ("client", "fleetfs-client")):
+        csr = os.path.join(root, f"{who}.csr")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+                "-keyout", files[f"{who}_key"], "-out", csr)
+        openssl("x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca_key"],
+                "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", files[f"{who}_cert"])
+    return files
+
+
+class EtcdCluster:
+    """N members on loopback. Members are numbered 0..N-1 in the URL's order.
+
+    With tls=True the members serve clients over TLS only, and ask for a
+    client certificate signed by the cluster's CA (self.certs names the files)."""
+
+    def __init__(self, size=3, token=None, tls=False):
         self.root = tempfile.mkdtemp(prefix="fleetfs-etcd-", dir="/tmp")
         self.members = [Member(self.root, i) for i in range(size)]
         self.token = token or os.path.basename(self.root)
         self.started = False
+        self.certs = None
+        self.tls = None  # the fixture's own client context
+        if tls:
+            self.certs = make_certificates(self.root)
+            self.tls = ssl.create_default_context(cafile=self.certs["ca"])
+            self.tls.load_cert_chain(self.certs["client_cert"], self.certs["client_key"])
 
     # -- lifecycle --
 
@@ -98,14 +133,19 @@ class EtcdCluster:
 
     def _launch(self, m, state):
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
+        scheme = "https" if self.certs else "http"
         argv = [ETCD, "--name", m.name, "--data-dir", m.data_dir,
-                "--listen-client-urls", f"http://{m.endpoint}",
-                "--advertise-client-urls", f"http://{m.endpoint}",
+                "--listen-client-urls", f"{scheme}://{m.endpoint}",
+                "--advertise-client-urls", f"{scheme}://{m.endpoint}",
                 "--listen-peer-urls", m.peer_url,
                 "--initial-advertise-peer-urls", m.peer_url,
                 "--initial-cluster", initial,
                 "--initial-cluster-state", state,
                 "--initial-cluster-token", self.token]
+        if self.certs:
+            argv += ["--cert-file", self.certs["server_cert"], "--key-file",
+                     self.certs["server_key"], "--client-cert-auth", "--trusted-ca-file",
+                     self.certs["ca"]]
         log = open(m.log_path, "ab")
         m.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -148,12 +188,13 @@ class EtcdCluster:
     def endpoints(self):
         return [m.endpoint for m in self.members]
 
-    def url(self, prefix, scheme="etcd", endpoints=None):
+    def url(self, prefix, scheme=None, endpoints=None):
+        scheme = scheme or ("etcds" if self.certs else "etcd")
         return f"{scheme}://{','.join(endpoints or self.endpoints)}/{prefix}"
 
     def status(self, i, timeout=2.0):
         """/v3/maintenance/status of member i, or None."""
-        return post(self.members[i].endpoint, "/v3/maintenance/status", {}, timeout)
+        return post(self.members[i].endpoint, "/v3/maintenance/status", {}, timeout, self.tls)
 
     def leader(self, timeout=15):
         """The index of the member that leads now (as the live members agree)."""
@@ -183,7 +224,8 @@ class EtcdCluster:
             if not m.running():
                 raise AssertionError(f"etcd {m.name} exited ({m.proc.returncode})\n" + m.log_tail())
             # A linearizable read answers only with a leader and a quorum.
-            if post(m.endpoint, "/v3/kv/range", {"key": "aGVhbHRo"}, timeout=1.0) is not None:
+            if post(m.endpoint, "/v3/kv/range", {"key": "aGVhbHRo"}, timeout=1.0,
+                    tls=self.tls) is not None:
                 return
             time.sleep(0.05)
         raise AssertionError(f"etcd {m.name} not healthy after {timeout}s\n" + m.log_tail())

@@ -269,6 +269,32 @@ class EtcdStoreTest(unittest.TestCase):
         self.assertEqual(rc, 2, out + err)
         self.assertIn("store_ca: TLS files are for an etcds:// store only", err)
 
+    def test_an_etcds_cluster_is_used_with_its_ca_and_a_client_certificate(self):
+        with EtcdCluster(1, tls=True) as secure:
+            certs = secure.certs
+            url = secure.url("fleet/tls")
+            tls = ["--store-ca", certs["ca"], "--store-cert", certs["client_cert"],
+                   "--store-key", certs["client_key"]]
+            rc, out, err, _ = run("lease", "claim", "--store", url, *tls, "--owner", "host-a",
+                                  "--range", "0-99", "--ttl", "3s")
+            self.assertEqual(rc, 0, out + err)
+            rc, out, err, _ = run("lease", "ls", "--json", "--store", url, *tls)
+            self.assertEqual(rc, 0, out + err)
+            self.assertEqual([r["owner"] for r in json.loads(out)["rows"]], ["host-a"])
+            # Without the client certificate the member refuses the handshake.
+            rc, out, err, _ = run("lease", "ls", "--store", url, "--store-ca", certs["ca"])
+            self.assertEqual(rc, 1, out + err)
+            self.assertIn(f"TLS with etcd endpoint {secure.endpoints[0]} failed", err)
+            # Without the CA, the member's certificate is not trusted.
+            rc, out, err, _ = run("lease", "ls", "--store", url)
+            self.assertEqual(rc, 1, out + err)
+            self.assertIn(f"TLS with etcd endpoint {secure.endpoints[0]} failed", err)
+            # Plain HTTP to a TLS member is named as such.
+            rc, out, err, _ = run("lease", "ls", "--store", secure.url("fleet/tls", scheme="etcd"))
+            self.assertEqual(rc, 1, out + err)
+            self.assertIn(f"etcd endpoint {secure.endpoints[0]}", err)
+            self.assertIn("use etcds://", err)
+
     # -- etcd's clock --
 
     def test_a_row_whose_etcd_lease_expired_is_claimed_by_another_owner_at_a_higher_epoch(self):

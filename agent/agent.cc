@@ -545,7 +545,8 @@ int Agent::Run(std::ostream& err) {
   // fleetfs mount that does not answer here is one it left behind.
   if (Status cleared = ClearMountPoint(config_.mountpoint); !cleared.ok()) return fail(cleared);
 
-  auto opened = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate);
+  auto opened = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate,
+                                 config_.store_tls);
   if (!opened.ok()) return fail(opened.status().WithContext("store"));
   std::shared_ptr<lease::OwnershipStore> store(std::move(*opened));
   store_ = store;

@@ -146,6 +146,7 @@ int RunSlot(const std::vector<std::string>& keys, const std::string& mode_text, 
 
 struct LeaseArgs {
   std::string store;
+  lease::StoreTls tls;  // etcds:// only
   std::string owner;
   std::string range;
   std::string ttl = "30s";
@@ -156,6 +157,7 @@ struct LeaseArgs {
 // Checked before the store is opened, so bad input changes nothing.
 struct CheckedLease {
   std::string url;
+  lease::StoreTls tls;
   std::optional<OwnerId> owner;
   std::optional<SlotRange> range;
   Millis ttl{};
@@ -164,8 +166,10 @@ struct CheckedLease {
 
 Result<CheckedLease> Check(const LeaseArgs& args, bool needs_owner, bool needs_epoch) {
   CheckedLease checked;
-  FLEETFS_RETURN_IF_ERROR(lease::ParseStoreUrl(args.store).status());
+  FLEETFS_ASSIGN_OR_RETURN(const lease::StoreUrl url, lease::ParseStoreUrl(args.store));
+  FLEETFS_RETURN_IF_ERROR(lease::CheckStoreTls(url, args.tls));
   checked.url = args.store;
+  checked.tls = args.tls;
   if (!needs_owner) return checked;
   FLEETFS_ASSIGN_OR_RETURN(OwnerId owner, OwnerId::Make(args.owner));
   checked.owner = owner;
@@ -193,7 +197,8 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
   auto checked = Check(args, false, false);
   if (!checked.ok()) return Fail(err, checked.status());
   SystemWallClock clock;
-  auto store = lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting);
+  auto store =
+      lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting, checked->tls);
   if (!store.ok()) return Fail(err, store.status());
   auto table = (*store)->Read();
   if (!table.ok()) return Fail(err, table.status());
@@ -246,7 +251,8 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
   auto checked = Check(args, true, verb != LeaseVerb::kClaim);
   if (!checked.ok()) return Fail(err, checked.status());
   SystemWallClock clock;
-  auto store = lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kCreate);
+  auto store =
+      lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kCreate, checked->tls);
   if (!store.ok()) return Fail(err, store.status());
   const OwnerId& owner = *checked->owner;
   const SlotRange range = *checked->range;
@@ -294,11 +300,13 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
 // Who serves each key's slot now, as a router asks it: the row that holds the
 // slot, and whether its lease is live. A lapsed row serves nobody: its owner
 // stopped serving at least ttl/3 before the store lease ended.
-int RunWhere(const std::vector<std::string>& keys, const std::string& store_url, bool json,
-             std::ostream& out, std::ostream& err) {
-  if (auto url = lease::ParseStoreUrl(store_url); !url.ok()) return Fail(err, url.status());
+int RunWhere(const std::vector<std::string>& keys, const LeaseArgs& args, std::ostream& out,
+             std::ostream& err) {
+  auto checked = Check(args, false, false);
+  if (!checked.ok()) return Fail(err, checked.status());
   SystemWallClock clock;
-  auto store = lease::OpenStore(store_url, clock, lease::SqliteStore::Access::kExisting);
+  auto store =
+      lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting, checked->tls);
   if (!store.ok()) return Fail(err, store.status());
   auto table = (*store)->Read();
   if (!table.ok()) return Fail(err, table.status());
@@ -336,7 +344,7 @@ int RunWhere(const std::vector<std::string>& keys, const std::string& store_url,
     }
     list.push_back(std::move(entry));
   }
-  if (json) {
+  if (args.json) {
     out << Dump({{"store", (*store)->url()}, {"now_ms", (*store)->ToWallMs(now)}, {"keys", list}})
         << '\n';
   } else {
@@ -409,11 +417,17 @@ EXIT STATUS
 EXAMPLES
   fleetfs where acme '{user1000}.following' --store sqlite:///var/lib/fleetfs/control.db
   fleetfs where --json acme --store sqlite:///var/lib/fleetfs/control.db
+  fleetfs where acme --store etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/fleetfs/prod
 )";
 
 constexpr const char* kLeaseFooter = R"(
 STORE URLS
   sqlite:///absolute/path/control.db   the embedded SQLite control database
+  etcd://HOST:PORT[,HOST:PORT...]/PREFIX
+                                       an etcd 3.4+ cluster; keys under PREFIX/
+  etcds://HOST:PORT[,HOST:PORT...]/PREFIX
+                                       the same over TLS (--store-ca, --store-cert,
+                                       --store-key)
 
 The ownership table never overlaps two ranges, never reuses an epoch, and
 never lets a claim take a range whose lease is live. A claim of the same range
@@ -425,7 +439,6 @@ EXAMPLES
   fleetfs lease renew   --store sqlite:///var/lib/fleetfs/control.db --owner host-a --range 0-8191 --epoch 1
   fleetfs lease release --store sqlite:///var/lib/fleetfs/control.db --owner host-a --range 0-8191 --epoch 1
 )";
-
 
 int PrintStatus(Json doc, std::ostream& out);
 
@@ -579,7 +592,8 @@ value, the directories and the store file have passed)
   mode = "tenant"                 # or "slot"
   owner = "host-a"                # default: the host name
   ranges = ["0-8191"]             # or "0-8191,9000-9999"
-  store = "sqlite:///var/lib/fleetfs/control.db"
+  store = "sqlite:///var/lib/fleetfs/control.db"   # or "etcd://h1:2379,h2:2379/fleetfs"
+  # store_ca, store_cert, store_key = "/etc/fleetfs/etcd-ca.pem" ...  (etcds:// only)
   ttl = "30s"                     # 3s to 3600s; refresh every ttl/3
   admin = "127.0.0.1:7878"        # or "off"; loopback only
   no_create = false
@@ -735,16 +749,23 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "Print only this mode's path: 'tenant' (each key must be a tenant id) or "
                    "'slot'");
 
+  auto add_store_to = [](CLI::App* cmd, LeaseArgs& to) {
+    cmd->add_option("--store", to.store,
+                    "Ownership store URL (sqlite:///ABSOLUTE/PATH, etcd://HOST:PORT/PREFIX)")
+        ->required();
+    cmd->add_option("--store-ca", to.tls.ca, "etcds://: CA bundle of the members' certificates");
+    cmd->add_option("--store-cert", to.tls.cert, "etcds://: client certificate");
+    cmd->add_option("--store-key", to.tls.key, "etcds://: client certificate's key");
+  };
+
   std::vector<std::string> where_keys;
-  std::string where_store;
-  bool where_json = false;
+  LeaseArgs where_args;
   auto* where = app.add_subcommand(
       "where", "Say who serves each routing key now: slot, range, owner, epoch, lease end");
   where->footer(kWhereFooter);
   where->add_option("KEY", where_keys, "Routing keys (any bytes)")->required();
-  where->add_option("--store", where_store, "Ownership store URL (sqlite:///ABSOLUTE/PATH)")
-      ->required();
-  where->add_flag("--json", where_json,
+  add_store_to(where, where_args);
+  where->add_flag("--json", where_args.json,
                   "Print JSON: store, now_ms and a list of keys (key, slot, served, range, "
                   "owner, epoch, lease_expires_ms, left_ms)");
 
@@ -752,10 +773,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   lease_cmd->require_subcommand(1);
   lease_cmd->footer(kLeaseFooter);
   LeaseArgs args;
-  auto add_store = [&](CLI::App* cmd) {
-    cmd->add_option("--store", args.store, "Ownership store URL (sqlite:///ABSOLUTE/PATH)")
-        ->required();
-  };
+  auto add_store = [&](CLI::App* cmd) { add_store_to(cmd, args); };
   auto* ls = lease_cmd->add_subcommand(
       "ls", "List the table: range, owner, epoch, lease expiry (local time), time left");
   add_store(ls);
@@ -782,6 +800,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 
   ConfigInput mount_input;
   std::string config_file, backing, mountpoint, mount_mode, owner, ranges, store, ttl, admin, grace;
+  std::string store_ca, store_cert, store_key;
   bool no_create = false;
   auto* mount = app.add_subcommand("mount", "Run the agent: mount the fleet root and serve it");
   mount->footer(kMountFooter);
@@ -798,6 +817,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                        ->default_str("0-16383");
   auto* o_store = mount->add_option("--store", store, "Ownership store URL")
                       ->default_str(kDefaultStore);
+  auto* o_store_ca =
+      mount->add_option("--store-ca", store_ca, "etcds://: CA bundle of the members' certificates");
+  auto* o_store_cert =
+      mount->add_option("--store-cert", store_cert, "etcds://: client certificate");
+  auto* o_store_key =
+      mount->add_option("--store-key", store_key, "etcds://: client certificate's key");
   auto* o_ttl = mount->add_option("--ttl", ttl, "Lease length, 3s to 3600s")->default_str("30s");
   auto* o_admin = mount->add_option("--admin", admin, "Admin HTTP endpoint on loopback, or 'off'")
                       ->default_str(kDefaultAdmin);
@@ -905,6 +930,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     set(o_owner, owner, mount_input.owner);
     set(o_ranges, ranges, mount_input.ranges);
     set(o_store, store, mount_input.store);
+    set(o_store_ca, store_ca, mount_input.store_ca);
+    set(o_store_cert, store_cert, mount_input.store_cert);
+    set(o_store_key, store_key, mount_input.store_key);
     set(o_ttl, ttl, mount_input.ttl);
     set(o_admin, admin, mount_input.admin);
     set(o_grace, grace, mount_input.shutdown_grace);
@@ -923,7 +951,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   if (replica_ls->parsed()) return RunReplicaLs(rargs, out, err);
   if (replica_verify->parsed()) return RunReplicaVerify(rargs, out, err);
   if (restore_cmd->parsed()) return RunRestore(rargs, out, err);
-  if (where->parsed()) return RunWhere(where_keys, where_store, where_json, out, err);
+  if (where->parsed()) return RunWhere(where_keys, where_args, out, err);
   if (slot->parsed()) return RunSlot(keys, slot_mode, slot_json, out, err);
   if (ls->parsed()) return RunLeaseLs(args, out, err);
   if (claim->parsed()) return RunLeaseChange(LeaseVerb::kClaim, args, out, err);

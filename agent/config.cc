@@ -24,7 +24,7 @@ namespace fleetfs::agent {
 namespace {
 
 constexpr const char* kKeys[] = {"backing", "mount",   "mode",  "owner",
-                                 "ranges",  "store",   "ttl",   "admin",
+                                 "ranges",  "store",   "store_ca", "store_cert", "store_key", "ttl", "admin",
                                  "no_create", "shutdown_grace", "replica", "sync_interval",
                                  "snapshot_interval", "retention", "capture_memory",
                                  "capture_spill"};
@@ -132,6 +132,13 @@ Status ApplyValue(std::string_view key, const std::string& value, AgentConfig& c
     FLEETFS_RETURN_IF_ERROR(CheckUtf8(key, value));
     if (auto url = lease::ParseStoreUrl(value); !url.ok()) return url.status().WithContext("store");
     config.store = value;
+  } else if (key == "store_ca" || key == "store_cert" || key == "store_key") {
+    // Empty: unset (the system's CA bundle; no client certificate).
+    if (!value.empty()) FLEETFS_RETURN_IF_ERROR(CheckAbsolute(key, value));
+    std::string& field = key == "store_ca"     ? config.store_tls.ca
+                         : key == "store_cert" ? config.store_tls.cert
+                                               : config.store_tls.key;
+    field = value;
   } else if (key == "ttl") {
     auto ttl = lease::ParseTtl(value);
     if (!ttl.ok()) return ttl.status().WithContext("ttl");
@@ -176,9 +183,20 @@ Status ApplyValue(std::string_view key, const std::string& value, AgentConfig& c
 // The control database before the agent touches anything: its directory
 // exists, and a file already there is a SQLite database (an empty file is
 // one SQLite will initialise). Nothing is created here.
-Status CheckStoreFile(const std::string& url) {
+Status CheckStoreFile(const std::string& url, const lease::StoreTls& tls) {
   auto parsed = lease::ParseStoreUrl(url);
   if (!parsed.ok()) return parsed.status().WithContext("store");
+  FLEETFS_RETURN_IF_ERROR(lease::CheckStoreTls(*parsed, tls));
+  if (parsed->is_etcd()) {
+    // The cluster is reached at start; the TLS files must be readable now.
+    for (const auto& [key, file] : {std::pair{"store_ca", &tls.ca}, std::pair{"store_cert", &tls.cert},
+                                    std::pair{"store_key", &tls.key}}) {
+      if (!file->empty() && ::access(file->c_str(), R_OK) != 0) {
+        return KeyError(key, *file + ": " + std::strerror(errno));
+      }
+    }
+    return Status::Ok();
+  }
   const std::string& path = parsed->path;
   const std::string dir = path.substr(0, std::max<std::size_t>(path.rfind('/'), 1));
   struct stat st;
@@ -279,6 +297,9 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       {"owner", &input.owner},
       {"ranges", &input.ranges},
       {"store", &input.store},
+      {"store_ca", &input.store_ca},
+      {"store_cert", &input.store_cert},
+      {"store_key", &input.store_key},
       {"ttl", &input.ttl},
       {"admin", &input.admin},
       {"shutdown_grace", &input.shutdown_grace},
@@ -310,7 +331,8 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       if (!known) {
         return InvalidArgument("config file " + file + ": unknown key '" +
                                lease::Printable(key.str()) +
-                               "'; the keys are backing, mount, mode, owner, ranges, store, ttl, "
+                               "'; the keys are backing, mount, mode, owner, ranges, store, store_ca, "
+                               "store_cert, store_key, ttl, "
                                "admin, no_create, shutdown_grace, replica, sync_interval, "
                                "snapshot_interval, retention, capture_memory, capture_spill");
       }
@@ -366,7 +388,7 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
   FLEETFS_RETURN_IF_ERROR(CheckUtf8("mount", mount));
   config.backing = backing;
   config.mountpoint = mount;
-  FLEETFS_RETURN_IF_ERROR(CheckStoreFile(config.store));
+  FLEETFS_RETURN_IF_ERROR(CheckStoreFile(config.store, config.store_tls));
 
   config.allow_create = !(input.no_create.value_or(false) || file_no_create);
   return config;

@@ -14,6 +14,7 @@
 #include "fleet/status.h"
 #include "lease/owner_id.h"
 #include "lease/slot_range.h"
+#include "lease/store_url.h"
 
 namespace fleetfs::agent {
 
@@ -30,6 +31,7 @@ struct AgentConfig {
   lease::OwnerId owner = lease::OwnerId::Make("unset").value();  // always set by ResolveConfig
   std::vector<lease::SlotRange> ranges;
   std::string store;
+  lease::StoreTls store_tls;  // etcds:// only
   Millis ttl{30000};
   std::optional<Endpoint> admin;  // nullopt: no admin server
   bool allow_create = true;
@@ -49,7 +51,8 @@ struct AgentConfig {
 // The raw values, each as given; unset means "from the file, else the default".
 struct ConfigInput {
   std::optional<std::string> config_file;
-  std::optional<std::string> backing, mountpoint, mode, owner, ranges, store, ttl, admin,
+  std::optional<std::string> backing, mountpoint, mode, owner, ranges, store, store_ca,
+      store_cert, store_key, ttl, admin,
       shutdown_grace, replica, sync_interval, snapshot_interval, retention, capture_memory,
       capture_spill;
   std::optional<bool> no_create;

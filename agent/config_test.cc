@@ -71,6 +71,39 @@ TEST_F(ConfigTest, the_file_gives_values_and_flags_win_over_it) {
   EXPECT_FALSE(config->allow_create);
 }
 
+TEST_F(ConfigTest, an_etcds_store_takes_its_tls_files_from_the_file_or_flags) {
+  const std::string ca = dir_.path().string() + "/ca.pem";
+  std::ofstream(ca) << "not checked here, only readable";
+  ConfigInput in = Input();
+  in.store.reset();  // the file's store
+  in.config_file = WriteFile("store = \"etcds://10.0.0.1:2379,10.0.0.2:2379/fleet\"\nstore_ca = \"" +
+                             ca + "\"\n");
+  auto config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->store, "etcds://10.0.0.1:2379,10.0.0.2:2379/fleet");
+  EXPECT_EQ(config->store_tls.ca, ca);
+  EXPECT_TRUE(config->store_tls.cert.empty());
+}
+
+TEST_F(ConfigTest, tls_files_that_do_not_fit_the_store_are_refused_naming_the_key) {
+  ConfigInput in = Input();
+  in.store_ca = dir_.path().string() + "/ca.pem";  // a sqlite:// store
+  EXPECT_NE(Error(in).find("store_ca: TLS files are for an etcds:// store only"), std::string::npos);
+  in = Input();
+  in.store = "etcds://10.0.0.1:2379/fleet";
+  in.store_cert = dir_.path().string() + "/cert.pem";
+  EXPECT_NE(Error(in).find("store_key: a client certificate (store_cert) and its key"),
+            std::string::npos);
+  in = Input();
+  in.store = "etcds://10.0.0.1:2379/fleet";
+  in.store_ca = dir_.path().string() + "/missing.pem";
+  EXPECT_NE(Error(in).find("store_ca: " + dir_.path().string() + "/missing.pem: No such file"),
+            std::string::npos);
+  in = Input();
+  in.store_ca = "relative.pem";
+  EXPECT_NE(Error(in).find("store_ca: 'relative.pem' must be an absolute path"), std::string::npos);
+}
+
 TEST_F(ConfigTest, each_bad_value_is_refused_with_its_key_named) {
   ConfigInput in = Input();
   in.ranges = "9-1";

@@ -668,7 +668,8 @@ TEST(StoreUrl, accepts_absolute_sqlite_paths_only) {
   const std::pair<const char*, const char*> bad[] = {
       {"sqlite://relative.db", "must be absolute"},
       {"sqlite://", "must be absolute"},
-      {"etcd://127.0.0.1:2379", "unknown scheme 'etcd'"},
+      {"zk://127.0.0.1:2181/x", "unknown scheme 'zk'"},
+      {"etcd://127.0.0.1:2379", "no key prefix"},
       {"/var/lib/control.db", "not a URL"},
       {"sqlite:///var/lib/", "names a directory"},
   };

@@ -9,11 +9,11 @@ packages=(
   # libraries (see README, "Dependencies")
   libsqlite3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libfuse3-dev libuv1-dev libspdlog-dev libtomlplusplus-dev libhttp-parser-dev
-  libzstd-dev libxxhash-dev
+  libzstd-dev libxxhash-dev libcurl4-openssl-dev
   # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
   fuse3
   # tests: real clients and servers the tests drive
-  sqlite3 python3 redis-server
+  sqlite3 python3 redis-server etcd-server openssl
   # fuzz targets (tests/fuzz): clang 14 and its runtimes (libclang_rt.fuzzer,
   # the sanitizers' clang runtimes)
   clang libclang-rt-14-dev
@@ -36,5 +36,9 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # The redis-server package starts a system service; the tests start their own.
-if command -v systemctl >/dev/null 2>&1; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
+# So does etcd-server. The tests start their own.
+if command -v systemctl >/dev/null 2>&1; then
+  systemctl disable --now redis-server >/dev/null 2>&1 || true
+  systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
 echo "install-deps: done"

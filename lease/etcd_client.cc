@@ -1,0 +1,553 @@
+#include "lease/etcd_client.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <charconv>
+#include <mutex>
+#include <thread>
+#include <nlohmann/json.hpp>
+
+#include "lease/owner_id.h"
+
+namespace fleetfs::lease {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::size_t kMaxAnswerBytes = 64u << 20;
+
+// gRPC codes the gateway passes on in error answers.
+constexpr int kGrpcCanceled = 1;
+constexpr int kGrpcDeadlineExceeded = 4;
+constexpr int kGrpcNotFound = 5;
+constexpr int kGrpcUnavailable = 14;
+
+constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+int Sextet(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+// An answer's fields, read with their types checked; every error names the
+// endpoint, the call and the field.
+class AnswerReader {
+ public:
+  AnswerReader(std::string endpoint, std::string_view path)
+      : where_("etcd endpoint " + endpoint + " answered " + std::string(path) + " with ") {}
+
+  Status Bad(const std::string& field, const std::string& rule) const {
+    return DataLoss(where_ + "a bad field '" + field + "': " + rule +
+                    "; is it an etcd 3.4 client URL?");
+  }
+
+  Result<Json> Parse(const std::string& body) const {
+    Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (json.is_discarded()) {
+      return DataLoss(where_ + "something that is not JSON ('" +
+                      Printable(std::string_view(body).substr(0, 120)) +
+                      "'); is it an etcd 3.4 client URL?");
+    }
+    if (!json.is_object()) return Bad("(the answer)", "must be a JSON object");
+    return json;
+  }
+
+  // An object member that may be absent (null); a present one must be an object.
+  Result<const Json*> Object(const Json& parent, const char* name, const std::string& field) const {
+    const auto it = parent.find(name);
+    if (it == parent.end() || it->is_null()) return static_cast<const Json*>(nullptr);
+    if (!it->is_object()) return Bad(field, "must be a JSON object");
+    return &*it;
+  }
+
+  // A 64-bit signed number, written as a decimal string (as the gateway
+  // writes them) or a JSON integer; absent is 0.
+  Result<std::int64_t> Int64(const Json& parent, const char* name, const std::string& field) const {
+    const auto it = parent.find(name);
+    if (it == parent.end() || it->is_null()) return std::int64_t{0};
+    if (it->is_number_integer() && !it->is_number_unsigned()) return it->get<std::int64_t>();
+    if (it->is_number_unsigned()) {
+      const std::uint64_t u = it->get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(INT64_MAX)) return Bad(field, "is above 2^63-1");
+      return static_cast<std::int64_t>(u);
+    }
+    if (!it->is_string()) return Bad(field, "must be a 64-bit integer as a decimal string");
+    const std::string& text = it->get_ref<const std::string&>();
+    std::int64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+      return Bad(field, "'" + Printable(text.substr(0, 40)) + "' is not a 64-bit integer");
+    }
+    return value;
+  }
+
+  // Absent is false.
+  Result<bool> Bool(const Json& parent, const char* name, const std::string& field) const {
+    const auto it = parent.find(name);
+    if (it == parent.end() || it->is_null()) return false;
+    if (!it->is_boolean()) return Bad(field, "must be true or false");
+    return it->get<bool>();
+  }
+
+  // Base64 bytes; absent is empty.
+  Result<std::string> Bytes(const Json& parent, const char* name, const std::string& field) const {
+    const auto it = parent.find(name);
+    if (it == parent.end() || it->is_null()) return std::string();
+    if (!it->is_string()) return Bad(field, "must be a base64 string");
+    auto decoded = Base64Decode(it->get_ref<const std::string&>());
+    if (!decoded) return Bad(field, "is not valid base64");
+    return std::move(*decoded);
+  }
+
+  Result<std::int64_t> HeaderRevision(const Json& answer) const {
+    FLEETFS_ASSIGN_OR_RETURN(const Json* header, Object(answer, "header", "header"));
+    if (header == nullptr) return std::int64_t{0};
+    return Int64(*header, "revision", "header.revision");
+  }
+
+ private:
+  std::string where_;
+};
+
+std::string CompareTarget(EtcdCompare::Target target) {
+  switch (target) {
+    case EtcdCompare::Target::kModRevision:
+      return "MOD";
+    case EtcdCompare::Target::kCreateRevision:
+      return "CREATE";
+    case EtcdCompare::Target::kVersion:
+      return "VERSION";
+  }
+  return "MOD";
+}
+
+const char* CompareField(EtcdCompare::Target target) {
+  switch (target) {
+    case EtcdCompare::Target::kModRevision:
+      return "mod_revision";
+    case EtcdCompare::Target::kCreateRevision:
+      return "create_revision";
+    case EtcdCompare::Target::kVersion:
+      return "version";
+  }
+  return "mod_revision";
+}
+
+// ── libcurl ────────────────────────────────────────────────────────────────
+
+struct CurlDeleter {
+  void operator()(CURL* curl) const { curl_easy_cleanup(curl); }
+};
+struct SlistDeleter {
+  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+};
+
+struct Sink {
+  std::string body;
+  bool too_big = false;
+};
+
+std::size_t Collect(char* data, std::size_t size, std::size_t count, void* user) {
+  auto* sink = static_cast<Sink*>(user);
+  const std::size_t n = size * count;
+  if (sink->body.size() + n > kMaxAnswerBytes) {
+    sink->too_big = true;
+    return 0;  // ends the transfer
+  }
+  sink->body.append(data, n);
+  return n;
+}
+
+bool IsTlsError(CURLcode code) {
+  switch (code) {
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ENGINE_NOTFOUND:
+    case CURLE_SSL_ENGINE_SETFAILED:
+    case CURLE_SSL_ENGINE_INITFAILED:
+    case CURLE_SSL_CRL_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_SHUTDOWN_FAILED:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_USE_SSL_FAILED:
+    case CURLE_SSL_CLIENTCERT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class CurlTransport final : public EtcdTransport {
+ public:
+  explicit CurlTransport(EtcdTls tls) : tls_(std::move(tls)) {}
+
+  Result<EtcdHttpAnswer> Post(const EtcdHttpCall& call) override {
+    std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
+    if (!curl) return Unavailable("etcd endpoint " + call.endpoint + ": libcurl could not start a call");
+    std::unique_ptr<curl_slist, SlistDeleter> headers(
+        curl_slist_append(nullptr, "Content-Type: application/json"));
+    const std::string url = (tls_.enabled ? "https://" : "http://") + call.endpoint + call.path;
+    const long timeout_ms = std::max<long>(1, static_cast<long>(call.timeout.count()));
+    char error[CURL_ERROR_SIZE] = {};
+    Sink sink;
+    CURL* c = curl.get();
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for DNS timeouts
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, call.body.data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(call.body.size()));
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, Collect);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    if (tls_.enabled) {
+      if (!tls_.ca.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, tls_.ca.c_str());
+      if (!tls_.cert.empty()) curl_easy_setopt(c, CURLOPT_SSLCERT, tls_.cert.c_str());
+      if (!tls_.key.empty()) curl_easy_setopt(c, CURLOPT_SSLKEY, tls_.key.c_str());
+    }
+    const CURLcode code = curl_easy_perform(c);
+    const std::string detail = error[0] != '\0' ? error : curl_easy_strerror(code);
+    const std::string who = "etcd endpoint " + call.endpoint;
+    if (sink.too_big) {
+      return DataLoss(who + " answered " + call.path + " with more than 64 MiB; refused");
+    }
+    if (code == CURLE_OPERATION_TIMEDOUT) {
+      return Unavailable(who + " did not answer " + call.path + " within " +
+                         std::to_string(timeout_ms) + " ms (" + detail + ")");
+    }
+    if (IsTlsError(code)) {
+      // Not Unavailable: going round the endpoints again will not mend it.
+      return Status(Code::kFailedPrecondition, "TLS with " + who + " failed: " + detail +
+                         "; an etcds:// store needs members that serve TLS, with certificates "
+                         "signed by store_ca (and store_cert/store_key when they ask for a "
+                         "client certificate)");
+    }
+    if (code == CURLE_COULDNT_CONNECT || code == CURLE_COULDNT_RESOLVE_HOST) {
+      return Unavailable(who + " is unreachable: " + detail);
+    }
+    if (tls_.enabled && (code == CURLE_RECV_ERROR || code == CURLE_SEND_ERROR ||
+                         code == CURLE_GOT_NOTHING)) {
+      // TLS 1.3 checks a client certificate after the handshake: a member
+      // that refuses it just closes the connection.
+      return Unavailable("TLS with " + who + " failed: the member closed the connection (" +
+                         detail + "); a member that asks for a client certificate does so "
+                         "when store_cert/store_key is missing or not signed by its CA");
+    }
+    if (code == CURLE_GOT_NOTHING && !tls_.enabled) {
+      return Unavailable(who + ": " + detail +
+                         " (a member that serves TLS closes plain connections so; use etcds://)");
+    }
+    if (code != CURLE_OK) return Unavailable(who + ": " + detail);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    return EtcdHttpAnswer{status, std::move(sink.body)};
+  }
+
+ private:
+  const EtcdTls tls_;
+};
+
+}  // namespace
+
+std::unique_ptr<EtcdTransport> MakeCurlTransport(EtcdTls tls) {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  return std::make_unique<CurlTransport>(std::move(tls));
+}
+
+std::string Base64Encode(std::string_view bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const std::uint32_t n = (static_cast<unsigned char>(bytes[i]) << 16) |
+                            (static_cast<unsigned char>(bytes[i + 1]) << 8) |
+                            static_cast<unsigned char>(bytes[i + 2]);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += kAlphabet[(n >> 6) & 63];
+    out += kAlphabet[n & 63];
+  }
+  const std::size_t rest = bytes.size() - i;
+  if (rest > 0) {
+    std::uint32_t n = static_cast<unsigned char>(bytes[i]) << 16;
+    if (rest == 2) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += rest == 2 ? kAlphabet[(n >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::optional<std::string> Base64Decode(std::string_view text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  for (std::size_t i = 0; i < text.size(); i += 4) {
+    const bool last = i + 4 == text.size();
+    int s[4];
+    int pad = 0;
+    for (int j = 0; j < 4; ++j) {
+      const char c = text[i + j];
+      if (c == '=' && last && j >= 2) {
+        s[j] = 0;
+        ++pad;
+        continue;
+      }
+      if (pad > 0) return std::nullopt;  // data after padding
+      s[j] = Sextet(c);
+      if (s[j] < 0) return std::nullopt;
+    }
+    const std::uint32_t n = (s[0] << 18) | (s[1] << 12) | (s[2] << 6) | s[3];
+    // Bits below the padding must be zero: one encoding per byte string.
+    if ((pad == 1 && (n & 0xff) != 0) || (pad == 2 && (n & 0xffff) != 0)) return std::nullopt;
+    out += static_cast<char>((n >> 16) & 0xff);
+    if (pad < 2) out += static_cast<char>((n >> 8) & 0xff);
+    if (pad < 1) out += static_cast<char>(n & 0xff);
+  }
+  return out;
+}
+
+EtcdClient::EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<EtcdTransport> transport,
+                       const MonotonicClock& clock, Sleep sleep)
+    : endpoints_(std::move(endpoints)),
+      transport_(std::move(transport)),
+      clock_(clock),
+      sleep_(sleep ? std::move(sleep) : Sleep([](Millis ms) { std::this_thread::sleep_for(ms); })) {
+  assert(!endpoints_.empty());
+}
+
+Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::string& body,
+                                            MonoTime deadline) {
+  const std::size_t n = endpoints_.size();
+  const std::size_t first = preferred_.load();
+  // The first failure of each endpoint (its fullest attempt), for the
+  // message when none answers.
+  std::vector<std::string> failures(n);
+  // Endpoints that failed in a way another round cannot mend (TLS).
+  std::vector<bool> hopeless(n, false);
+  auto failed = [&](std::size_t index, const std::string& why) {
+    if (failures[index].empty()) failures[index] = why;
+  };
+  bool any_tried = false;
+  for (int round = 0;; ++round) {
+    if (round > 0) {
+      const MonoTime now = clock_.Now();
+      if (std::all_of(hopeless.begin(), hopeless.end(), [](bool h) { return h; })) break;
+      if (now + kRoundPause >= deadline) break;
+      sleep_(kRoundPause);
+    }
+    for (std::size_t tried = 0; tried < n; ++tried) {
+      const std::size_t index = (first + tried) % n;
+      if (hopeless[index]) continue;
+      const std::string& endpoint = endpoints_[index];
+      const MonoTime now = clock_.Now();
+      if (now >= deadline) break;
+      const Millis left = std::chrono::ceil<Millis>(deadline - now);
+      // Every attempt but the round's last leaves half the time for the next.
+      const Millis budget = tried + 1 < n ? std::max(left / 2, Millis(1)) : left;
+      any_tried = true;
+      Result<EtcdHttpAnswer> answer =
+          transport_->Post({endpoint, std::string(path), body, budget});
+      if (!answer.ok()) {
+        failed(index, answer.status().message());
+        hopeless[index] = answer.status().code() != Code::kUnavailable;
+        continue;
+      }
+      if (clock_.Now() > deadline) {
+        return Status(Code::kDeadlineExceeded,
+                      "etcd endpoint " + endpoint + " answered " + std::string(path) +
+                          " after the call's time limit; the answer is ignored");
+      }
+      if (answer->status == 200) {
+        preferred_.store(index);
+        return Answer{endpoint, std::move(answer->body)};
+      }
+      // An error answer: {"error": ..., "message": ..., "code": N}.
+      std::string message = "HTTP " + std::to_string(answer->status);
+      int grpc = -1;
+      const Json json = Json::parse(answer->body, nullptr, false);
+      if (!json.is_discarded() && json.is_object()) {
+        const auto m = json.find("message");
+        if (m != json.end() && m->is_string()) {
+          message = Printable(m->get<std::string>().substr(0, 300));
+        }
+        const auto c = json.find("code");
+        if (c != json.end() && c->is_number_integer()) grpc = c->get<int>();
+      } else {
+        message += ": '" + Printable(std::string_view(answer->body).substr(0, 120)) + "'";
+      }
+      const std::string said = "etcd endpoint " + endpoint + " refused " + std::string(path) +
+                               ": " + message;
+      const bool unavailable = grpc == kGrpcUnavailable || grpc == kGrpcDeadlineExceeded ||
+                               grpc == kGrpcCanceled || answer->status == 502 ||
+                               answer->status == 503 || answer->status == 504;
+      if (unavailable) {
+        failed(index, said);
+        continue;
+      }
+      preferred_.store(index);  // it answered, if only to refuse
+      if (grpc == kGrpcNotFound) return NotFound(said);
+      return Status(Code::kFailedPrecondition, said);
+    }
+    if (clock_.Now() >= deadline) break;
+  }
+  if (!any_tried) {
+    return Status(Code::kDeadlineExceeded,
+                  "etcd call " + std::string(path) + ": its time limit ended before any endpoint "
+                  "could be tried");
+  }
+  std::string all;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string& failure = failures[(first + i) % n];
+    if (failure.empty()) continue;
+    all += (all.empty() ? "" : "; ") + failure;
+  }
+  return Unavailable("the etcd cluster did not answer " + std::string(path) +
+                     " within the call's time limit: " + all);
+}
+
+Result<EtcdRange> EtcdClient::Range(const std::string& key, const std::string& range_end,
+                                    MonoTime deadline) {
+  Json request = {{"key", Base64Encode(key)}};
+  if (!range_end.empty()) request["range_end"] = Base64Encode(range_end);
+  static constexpr std::string_view kPath = "/v3/kv/range";
+  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
+  const AnswerReader read(answer.endpoint, kPath);
+  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
+  EtcdRange range;
+  FLEETFS_ASSIGN_OR_RETURN(range.revision, read.HeaderRevision(json));
+  const auto kvs = json.find("kvs");
+  if (kvs == json.end() || kvs->is_null()) return range;
+  if (!kvs->is_array()) return read.Bad("kvs", "must be a list");
+  for (std::size_t i = 0; i < kvs->size(); ++i) {
+    const Json& item = (*kvs)[i];
+    const std::string at = "kvs[" + std::to_string(i) + "].";
+    if (!item.is_object()) return read.Bad("kvs[" + std::to_string(i) + "]", "must be an object");
+    EtcdKv kv;
+    FLEETFS_ASSIGN_OR_RETURN(kv.key, read.Bytes(item, "key", at + "key"));
+    FLEETFS_ASSIGN_OR_RETURN(kv.value, read.Bytes(item, "value", at + "value"));
+    FLEETFS_ASSIGN_OR_RETURN(kv.create_revision,
+                             read.Int64(item, "create_revision", at + "create_revision"));
+    FLEETFS_ASSIGN_OR_RETURN(kv.mod_revision, read.Int64(item, "mod_revision", at + "mod_revision"));
+    FLEETFS_ASSIGN_OR_RETURN(kv.version, read.Int64(item, "version", at + "version"));
+    FLEETFS_ASSIGN_OR_RETURN(kv.lease, read.Int64(item, "lease", at + "lease"));
+    if (kv.key.empty()) return read.Bad(at + "key", "a key is never empty");
+    range.kvs.push_back(std::move(kv));
+  }
+  return range;
+}
+
+Result<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn, MonoTime deadline) {
+  Json compare = Json::array();
+  for (const EtcdCompare& c : txn.compare) {
+    compare.push_back({{"key", Base64Encode(c.key)},
+                       {"target", CompareTarget(c.target)},
+                       {"result", "EQUAL"},
+                       {CompareField(c.target), std::to_string(c.value)}});
+  }
+  Json success = Json::array();
+  for (const EtcdOp& op : txn.success) {
+    if (op.kind == EtcdOp::Kind::kDelete) {
+      success.push_back({{"request_delete_range", {{"key", Base64Encode(op.key)}}}});
+    } else {
+      Json put = {{"key", Base64Encode(op.key)}, {"value", Base64Encode(op.value)}};
+      if (op.lease != 0) put["lease"] = std::to_string(op.lease);
+      success.push_back({{"request_put", put}});
+    }
+  }
+  const Json request = {{"compare", compare}, {"success", success}};
+  static constexpr std::string_view kPath = "/v3/kv/txn";
+  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
+  const AnswerReader read(answer.endpoint, kPath);
+  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
+  EtcdTxnResult result;
+  FLEETFS_ASSIGN_OR_RETURN(result.revision, read.HeaderRevision(json));
+  FLEETFS_ASSIGN_OR_RETURN(result.succeeded, read.Bool(json, "succeeded", "succeeded"));
+  return result;
+}
+
+Result<EtcdLease> EtcdClient::Grant(std::int64_t ttl_s, MonoTime deadline) {
+  static constexpr std::string_view kPath = "/v3/lease/grant";
+  const Json request = {{"TTL", std::to_string(ttl_s)}};
+  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
+  const AnswerReader read(answer.endpoint, kPath);
+  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
+  const auto error = json.find("error");
+  if (error != json.end() && error->is_string() && !error->get_ref<const std::string&>().empty()) {
+    return Status(Code::kFailedPrecondition,
+                  "etcd endpoint " + answer.endpoint + " refused a lease: " +
+                      Printable(error->get<std::string>().substr(0, 300)));
+  }
+  EtcdLease lease;
+  FLEETFS_ASSIGN_OR_RETURN(lease.id, read.Int64(json, "ID", "ID"));
+  FLEETFS_ASSIGN_OR_RETURN(lease.ttl_s, read.Int64(json, "TTL", "TTL"));
+  if (lease.id == 0) return read.Bad("ID", "a granted lease has an id");
+  if (lease.ttl_s < ttl_s) {
+    return read.Bad("TTL", std::to_string(lease.ttl_s) + " s is shorter than the " +
+                               std::to_string(ttl_s) + " s asked for");
+  }
+  return lease;
+}
+
+Result<std::optional<std::int64_t>> EtcdClient::KeepAlive(std::int64_t lease, MonoTime deadline) {
+  static constexpr std::string_view kPath = "/v3/lease/keepalive";
+  const Json request = {{"ID", std::to_string(lease)}};
+  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
+  const AnswerReader read(answer.endpoint, kPath);
+  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
+  // A stream of one message: {"result": {...}} or {"error": {...}}.
+  FLEETFS_ASSIGN_OR_RETURN(const Json* error, read.Object(json, "error", "error"));
+  if (error != nullptr) {
+    const auto m = error->find("message");
+    const std::string message =
+        m != error->end() && m->is_string() ? Printable(m->get<std::string>().substr(0, 300)) : "?";
+    return Unavailable("etcd endpoint " + answer.endpoint + " refused a keepalive of lease " +
+                       std::to_string(lease) + ": " + message);
+  }
+  FLEETFS_ASSIGN_OR_RETURN(const Json* result, read.Object(json, "result", "result"));
+  if (result == nullptr) return read.Bad("result", "a keepalive answer has one");
+  FLEETFS_ASSIGN_OR_RETURN(const std::int64_t id, read.Int64(*result, "ID", "result.ID"));
+  FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Int64(*result, "TTL", "result.TTL"));
+  if (id != lease) {
+    return read.Bad("result.ID", "lease " + std::to_string(id) + " is not the lease kept alive (" +
+                                     std::to_string(lease) + ")");
+  }
+  if (ttl < 0) return read.Bad("result.TTL", "a lease's TTL is not negative");
+  if (ttl == 0) return std::optional<std::int64_t>();
+  return std::optional<std::int64_t>(ttl);
+}
+
+Status EtcdClient::Revoke(std::int64_t lease, MonoTime deadline) {
+  static constexpr std::string_view kPath = "/v3/lease/revoke";
+  const Json request = {{"ID", std::to_string(lease)}};
+  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
+  const AnswerReader read(answer.endpoint, kPath);
+  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
+  return read.HeaderRevision(json).status();
+}
+
+Result<std::optional<std::int64_t>> EtcdClient::TimeToLive(std::int64_t lease, MonoTime deadline) {
+  static constexpr std::string_view kPath = "/v3/lease/timetolive";
+  const Json request = {{"ID", std::to_string(lease)}};
+  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
+  const AnswerReader read(answer.endpoint, kPath);
+  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
+  FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Int64(json, "TTL", "TTL"));
+  if (ttl < 0) return std::optional<std::int64_t>();
+  return std::optional<std::int64_t>(ttl);
+}
+
+}  // namespace fleetfs::lease

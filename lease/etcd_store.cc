@@ -1,0 +1,327 @@
+#include "lease/etcd_store.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "lease/lease_ttl.h"
+
+namespace fleetfs::lease {
+
+using Json = nlohmann::json;
+
+struct EtcdStore::StoredRow {
+  OwnershipRow row;
+  std::string key;
+  std::int64_t mod_revision = 0;
+  std::int64_t lease = 0;
+  Millis ttl{0};  // the lease length the row was granted or last extended for
+};
+
+struct EtcdStore::Snapshot {
+  std::vector<StoredRow> rows;  // in key order, so range order
+  std::uint64_t counter = 0;
+  std::int64_t counter_mod_revision = 0;  // 0: no counter key yet
+};
+
+namespace {
+
+// Rows present are live: etcd removes a row when its lease expires, so the
+// table sees no expiry but "not yet".
+constexpr WallMs kLive = INT64_MAX;
+
+// etcd leases are whole seconds: round up, so etcd never ends a lease before
+// the ttl the host counts on.
+std::int64_t TtlSeconds(Millis ttl) { return (ttl.count() + 999) / 1000; }
+
+std::string RowValue(const OwnerId& owner, Epoch epoch, Millis ttl) {
+  return Json{{"owner", owner.str()}, {"epoch", epoch.value()}, {"ttl_ms", ttl.count()}}.dump();
+}
+
+// A whole number in 0..max, or nullopt.
+std::optional<std::uint64_t> Decimal(std::string_view text, std::uint64_t max) {
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value > max) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+// An unsigned JSON integer in min..max, or nullopt.
+std::optional<std::uint64_t> JsonWhole(const Json& object, const char* name, std::uint64_t min,
+                                       std::uint64_t max) {
+  const auto it = object.find(name);
+  if (it == object.end() || !it->is_number_integer()) return std::nullopt;
+  if (!it->is_number_unsigned() && it->get<std::int64_t>() < 0) return std::nullopt;
+  const std::uint64_t value = it->get<std::uint64_t>();
+  if (value < min || value > max) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+EtcdStore::EtcdStore(std::unique_ptr<EtcdClient> client, std::string prefix, std::string url,
+                     const WallClock& wall, const MonotonicClock& mono, Options options)
+    : client_(std::move(client)),
+      prefix_(std::move(prefix)),
+      url_(std::move(url)),
+      wall_(wall),
+      mono_(mono),
+      options_(options) {}
+
+std::string EtcdStore::RowKey(SlotRange range) const {
+  char name[16];
+  std::snprintf(name, sizeof name, "%05d-%05d", range.first(), range.last());
+  return prefix_ + "/rows/" + name;
+}
+
+Result<EtcdStore::StoredRow> EtcdStore::ParseRow(const EtcdKv& kv, SlotRange range) const {
+  const std::string where = "etcd key '" + Printable(kv.key) + "' (an ownership row)";
+  const Json value = Json::parse(kv.value, nullptr, false);
+  if (value.is_discarded() || !value.is_object()) {
+    return DataLoss(where + ": its value is not a JSON object {owner, epoch, ttl_ms} ('" +
+                    Printable(std::string_view(kv.value).substr(0, 80)) + "')");
+  }
+  const auto owner_it = value.find("owner");
+  if (owner_it == value.end() || !owner_it->is_string()) {
+    return DataLoss(where + ": field 'owner' must be a string");
+  }
+  auto owner = OwnerId::Make(owner_it->get<std::string>());
+  if (!owner.ok()) return DataLoss(where + ": field 'owner': " + owner.status().message());
+  const auto epoch = JsonWhole(value, "epoch", 1, Epoch::kMax);
+  if (!epoch) return DataLoss(where + ": field 'epoch' must be a whole number from 1 to 2^63-1");
+  const auto ttl = JsonWhole(value, "ttl_ms", kMinTtl.count(), kMaxTtl.count());
+  if (!ttl) {
+    return DataLoss(where + ": field 'ttl_ms' must be a whole number of ms from " +
+                    std::to_string(kMinTtl.count()) + " to " + std::to_string(kMaxTtl.count()));
+  }
+  if (kv.lease == 0) {
+    return DataLoss(where + ": it has no etcd lease, so it would never expire; every row is "
+                            "attached to a lease of its own");
+  }
+  return StoredRow{OwnershipRow{range, *owner, Epoch(*epoch), kLive}, kv.key, kv.mod_revision,
+                   kv.lease, Millis(*ttl)};
+}
+
+Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
+  const std::string rows_prefix = prefix_ + "/rows/";
+  // [PREFIX/, PREFIX0): every key under the prefix ('0' follows '/').
+  FLEETFS_ASSIGN_OR_RETURN(EtcdRange range, client_->Range(prefix_ + "/", prefix_ + "0", deadline));
+  Snapshot snapshot;
+  for (const EtcdKv& kv : range.kvs) {
+    if (kv.key == CounterKey()) {
+      const auto counter = Decimal(kv.value, Epoch::kMax);
+      if (!counter) {
+        return DataLoss("etcd key '" + Printable(kv.key) + "' (the epoch counter): its value '" +
+                        Printable(std::string_view(kv.value).substr(0, 40)) +
+                        "' is not a whole number from 0 to 2^63-1");
+      }
+      snapshot.counter = *counter;
+      snapshot.counter_mod_revision = kv.mod_revision;
+      continue;
+    }
+    const std::string_view name =
+        kv.key.starts_with(rows_prefix) ? std::string_view(kv.key).substr(rows_prefix.size()) : "";
+    // "AAAAA-BBBBB", zero-padded: the canonical key of a valid range.
+    std::optional<SlotRange> bounds;
+    if (name.size() == 11 && name[5] == '-') {
+      const auto first = Decimal(name.substr(0, 5), kLastSlot);
+      const auto last = Decimal(name.substr(6), kLastSlot);
+      if (first && last) {
+        auto made = SlotRange::Make(static_cast<int>(*first), static_cast<int>(*last));
+        if (made.ok() && RowKey(*made) == kv.key) bounds = *made;
+      }
+    }
+    if (!bounds) {
+      return DataLoss("etcd key '" + Printable(kv.key) + "' under the prefix '" + prefix_ +
+                      "' is neither a row (" + rows_prefix +
+                      "AAAAA-BBBBB, a slot range in 0-16383) nor the counter; the prefix "
+                      "belongs to fleetfs alone");
+    }
+    FLEETFS_ASSIGN_OR_RETURN(StoredRow row, ParseRow(kv, *bounds));
+    snapshot.rows.push_back(std::move(row));
+  }
+  return snapshot;
+}
+
+namespace {
+
+Result<OwnershipTable> TableOf(const std::vector<EtcdStore::StoredRow>& stored,
+                               std::uint64_t counter, const std::string& url);
+
+}  // namespace
+
+Result<std::optional<Grant>> EtcdStore::Extend(const StoredRow& row, Millis ttl,
+                                               MonoTime deadline) {
+  const WallMs now = wall_.NowMs();
+  if (ttl <= row.ttl) {
+    // The lease keeps its own (longer or equal) length: never shortened.
+    FLEETFS_ASSIGN_OR_RETURN(const std::optional<std::int64_t> left,
+                             client_->KeepAlive(row.lease, deadline));
+    if (!left) return std::optional<Grant>();
+    return std::optional(Grant{row.row.range, row.row.epoch, now + *left * 1000, false});
+  }
+  // A longer ttl than the row's lease: the row moves to a new lease of that
+  // length, by a txn on its mod_revision (only its own row is touched).
+  FLEETFS_ASSIGN_OR_RETURN(const EtcdLease lease, client_->Grant(TtlSeconds(ttl), deadline));
+  EtcdTxn txn;
+  txn.compare.push_back({row.key, EtcdCompare::Target::kModRevision, row.mod_revision});
+  txn.success.push_back({EtcdOp::Kind::kPut, row.key, RowValue(row.row.owner, row.row.epoch, ttl),
+                         lease.id});
+  const Result<EtcdTxnResult> result = client_->Txn(txn, deadline);
+  if (!result.ok() || !result->succeeded) {
+    (void)client_->Revoke(lease.id, deadline);
+    if (!result.ok()) return result.status();
+    return std::optional<Grant>();
+  }
+  (void)client_->Revoke(row.lease, deadline);  // nothing is attached to it any more
+  return std::optional(Grant{row.row.range, row.row.epoch, now + lease.ttl_s * 1000, false});
+}
+
+Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+                                  std::uint64_t floor) {
+  const MonoTime deadline = mono_.Now() + ttl / 3;
+  for (int races = 0;; ++races) {
+    if (races > 0 && mono_.Now() >= deadline) {
+      return Status(Code::kDeadlineExceeded,
+                    "claim of slot range " + range.ToString() + " on " + url_ + ": lost " +
+                        std::to_string(races) +
+                        " races to other claims and ran out of its time limit (ttl/3)");
+    }
+    FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
+    FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table,
+                             TableOf(snapshot.rows, snapshot.counter, url_));
+    const WallMs now = wall_.NowMs();
+    OwnershipTable after = table;
+    FLEETFS_ASSIGN_OR_RETURN(Decision decision, after.Claim(range, owner, now, ttl, floor));
+    auto stored = [&](SlotRange bounds) -> const StoredRow* {
+      for (const StoredRow& row : snapshot.rows) {
+        if (row.row.range == bounds) return &row;
+      }
+      return nullptr;
+    };
+
+    if (const auto* held = std::get_if<Held>(&decision)) {
+      const StoredRow* holder = stored(held->range);
+      FLEETFS_ASSIGN_OR_RETURN(const std::optional<std::int64_t> left,
+                               client_->TimeToLive(holder->lease, deadline));
+      if (!left) continue;  // it expired just now: decide again
+      return Decision(Held{held->range, held->owner, now + *left * 1000});
+    }
+    if (!std::holds_alternative<Grant>(decision)) return decision;
+    const Grant& grant = std::get<Grant>(decision);
+    if (!grant.fresh) {
+      FLEETFS_ASSIGN_OR_RETURN(const std::optional<Grant> extended,
+                               Extend(*stored(range), ttl, deadline));
+      if (!extended) continue;  // its lease ended meanwhile: decide again
+      return Decision(*extended);
+    }
+
+    // A new epoch: one txn, valid only if nothing the decision read changed.
+    // The decision read the rows that overlap the range and the counter; the
+    // other rows cannot change it, and every new row moves the counter. (So
+    // the txn stays far below etcd's 128 comparisons however many rows the
+    // table has, and renewals of other ranges never fail it.)
+    FLEETFS_ASSIGN_OR_RETURN(const EtcdLease lease, client_->Grant(TtlSeconds(ttl), deadline));
+    const std::string key = RowKey(range);
+    EtcdTxn txn;
+    bool key_read = false;
+    for (const StoredRow& row : snapshot.rows) {
+      if (!row.row.range.Overlaps(range)) continue;
+      txn.compare.push_back({row.key, EtcdCompare::Target::kModRevision, row.mod_revision});
+      key_read = key_read || row.key == key;
+      const bool kept = std::any_of(after.rows().begin(), after.rows().end(),
+                                    [&](const OwnershipRow& r) { return r.range == row.row.range; });
+      // The new row's own key is overwritten by its put (a txn may not
+      // touch one key twice).
+      if (!kept && row.key != key) txn.success.push_back({EtcdOp::Kind::kDelete, row.key, "", 0});
+    }
+    if (!key_read) txn.compare.push_back({key, EtcdCompare::Target::kCreateRevision, 0});
+    if (snapshot.counter_mod_revision != 0) {
+      txn.compare.push_back(
+          {CounterKey(), EtcdCompare::Target::kModRevision, snapshot.counter_mod_revision});
+    } else {
+      txn.compare.push_back({CounterKey(), EtcdCompare::Target::kCreateRevision, 0});
+    }
+    txn.success.push_back({EtcdOp::Kind::kPut, key, RowValue(owner, grant.epoch, ttl), lease.id});
+    txn.success.push_back(
+        {EtcdOp::Kind::kPut, CounterKey(), std::to_string(grant.epoch.value()), 0});
+    const Result<EtcdTxnResult> result = client_->Txn(txn, deadline);
+    if (result.ok() && result->succeeded) {
+      return Decision(Grant{range, grant.epoch, now + lease.ttl_s * 1000, true});
+    }
+    // Lost the race, or no answer: the lease goes, and with it the row if the
+    // txn did land after all.
+    (void)client_->Revoke(lease.id, deadline);
+    if (!result.ok()) return result.status();
+  }
+}
+
+Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
+  const MonoTime deadline = mono_.Now() + ttl / 3;
+  FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
+  if (read.kvs.empty()) return Decision(Lost{range});
+  FLEETFS_ASSIGN_OR_RETURN(const StoredRow row, ParseRow(read.kvs.front(), range));
+  FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table, TableOf({row}, 0, url_));
+  const Decision decision = table.Renew(range, owner, epoch, wall_.NowMs(), ttl);
+  if (!std::holds_alternative<Grant>(decision)) return decision;
+  FLEETFS_ASSIGN_OR_RETURN(const std::optional<Grant> extended, Extend(row, ttl, deadline));
+  if (!extended) return Decision(Lost{range});
+  return Decision(*extended);
+}
+
+Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
+  const MonoTime deadline = mono_.Now() + options_.call_timeout;
+  for (int races = 0;; ++races) {
+    if (races > 0 && mono_.Now() >= deadline) {
+      return Status(Code::kDeadlineExceeded, "release of slot range " + range.ToString() + " on " +
+                                                 url_ + ": its row kept changing until the time "
+                                                 "limit");
+    }
+    FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
+    if (read.kvs.empty()) return false;
+    FLEETFS_ASSIGN_OR_RETURN(const StoredRow row, ParseRow(read.kvs.front(), range));
+    FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table, TableOf({row}, 0, url_));
+    if (!table.Release(range, owner, epoch, wall_.NowMs())) return false;
+    EtcdTxn txn;
+    txn.compare.push_back({row.key, EtcdCompare::Target::kModRevision, row.mod_revision});
+    txn.success.push_back({EtcdOp::Kind::kDelete, row.key, "", 0});
+    FLEETFS_ASSIGN_OR_RETURN(const EtcdTxnResult result, client_->Txn(txn, deadline));
+    if (!result.succeeded) continue;  // the row changed under us: look again
+    // The row is gone; its lease has nothing left to keep. A revoke that
+    // fails leaves the lease to expire on its own.
+    (void)client_->Revoke(row.lease, deadline);
+    return true;
+  }
+}
+
+Result<OwnershipTable> EtcdStore::Read() {
+  const MonoTime deadline = mono_.Now() + options_.call_timeout;
+  FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
+  const WallMs now = wall_.NowMs();
+  for (StoredRow& row : snapshot.rows) {
+    FLEETFS_ASSIGN_OR_RETURN(const std::optional<std::int64_t> left,
+                             client_->TimeToLive(row.lease, deadline));
+    // A lease gone since the read: the row has lapsed (etcd removes it).
+    row.row.lease_expires_ms = left ? now + *left * 1000 : now;
+  }
+  return TableOf(snapshot.rows, snapshot.counter, url_);
+}
+
+namespace {
+
+Result<OwnershipTable> TableOf(const std::vector<EtcdStore::StoredRow>& stored,
+                               std::uint64_t counter, const std::string& url) {
+  std::vector<OwnershipRow> rows;
+  rows.reserve(stored.size());
+  for (const auto& row : stored) rows.push_back(row.row);
+  auto table = OwnershipTable::FromParts(std::move(rows), counter);
+  if (!table.ok()) return table.status().WithContext("etcd store " + url);
+  return table;
+}
+
+}  // namespace
+
+}  // namespace fleetfs::lease

@@ -1,0 +1,90 @@
+// EtcdStore: the ownership table in an etcd cluster, for fleets of several
+// hosts.
+//
+// Layout under PREFIX:
+//   PREFIX/rows/AAAAA-BBBBB   one key per row (zero-padded, so key order is
+//                             range order); value {"owner","epoch","ttl_ms"};
+//                             attached to an etcd lease of its own
+//   PREFIX/counter            the highest epoch ever granted (decimal), no lease
+//
+// Expiry is etcd's: a row whose etcd lease expired is gone, so every row
+// present is live, and no host's wall clock takes part in safety. Renewing a
+// row keeps its etcd lease alive.
+//
+// Each call loads what it needs, decides with OwnershipTable, and turns the
+// decision into etcd operations:
+// - Renew reads only its own row and keeps its lease alive: hosts renewing
+//   different ranges never conflict.
+// - Claim reads every row and the counter at one revision; a fresh grant is
+//   one txn that compares the mod_revision of each of them (an absent counter
+//   by create_revision 0), deletes the rows the table removed, and puts the
+//   new row (on a new lease) and the counter. A failed comparison is a lost
+//   race: its lease is revoked and the claim decides again, within its time.
+// - Release deletes its row by a txn on the row's mod_revision, then revokes
+//   the row's lease.
+// Wall times in rows and answers are this host's wall time plus the time
+// etcd says a lease has left: for display only.
+//
+// Time limits: Claim and Renew get ttl/3 (the refresher's limit); Release
+// and Read get Options::call_timeout.
+//
+// Thread-safety: all calls are safe from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "fleet/clock.h"
+#include "lease/etcd_client.h"
+#include "lease/ownership_store.h"
+
+namespace fleetfs::lease {
+
+class EtcdStore final : public OwnershipStore {
+ public:
+  struct Options {
+    Millis call_timeout{10'000};  // Release and Read
+  };
+
+  // `prefix` has no leading or trailing '/'; `url` is for messages. The
+  // clocks must outlive the store.
+  EtcdStore(std::unique_ptr<EtcdClient> client, std::string prefix, std::string url,
+            const WallClock& wall, const MonotonicClock& mono, Options options);
+
+  Result<Decision> Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+                         std::uint64_t floor) override;
+  Result<Decision> Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
+                         Millis ttl) override;
+  Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
+  Result<OwnershipTable> Read() override;
+  WallMs NowMs() const override { return wall_.NowMs(); }
+  // Rows are already in this host's wall frame (its now + what etcd says a
+  // lease has left), so nothing to convert; etcd alone decides expiry.
+  WallMs ToWallMs(std::int64_t store_ms) const override { return store_ms; }
+  std::string url() const override { return url_; }
+
+  // The key of a row, "PREFIX/rows/00000-08191".
+  std::string RowKey(SlotRange range) const;
+  std::string CounterKey() const { return prefix_ + "/counter"; }
+  const EtcdClient& client() const { return *client_; }
+
+  struct StoredRow;  // a row as read: the row, its key's revisions, its lease
+  struct Snapshot;   // rows and counter read at one revision
+
+ private:
+  Result<Snapshot> Load(MonoTime deadline);
+  Result<StoredRow> ParseRow(const EtcdKv& kv, SlotRange range) const;
+  // Keeps `row`'s lease alive for `ttl` (never shorter than it is): a
+  // keepalive, or a move to a longer lease when `ttl` is above the row's.
+  // nullopt when the row or its lease is gone.
+  Result<std::optional<Grant>> Extend(const StoredRow& row, Millis ttl, MonoTime deadline);
+
+  const std::unique_ptr<EtcdClient> client_;
+  const std::string prefix_;
+  const std::string url_;
+  const WallClock& wall_;
+  const MonotonicClock& mono_;
+  const Options options_;
+};
+
+}  // namespace fleetfs::lease

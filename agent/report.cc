@@ -150,7 +150,8 @@ Json StatusJson(const AgentSnapshot& s) {
     };
     if (s.replication) range["replication_lag_s"] = r.replication_lag_s;
     if (st.serving) {
-      // On CLOCK_MONOTONIC, the clock every process of the host shares.
+      // On the agent's monotonic clock, CLOCK_BOOTTIME (fleet/clock.h says
+      // why), which every process of the host can read.
       range["local_lease_end_monotonic_s"] =
           s.monotonic_now_s +
           std::chrono::duration<double>(st.valid_until - s.mono_now).count();

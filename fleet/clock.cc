@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -144,7 +145,37 @@ Result<std::unique_ptr<SystemBootClock>> SystemBootClock::Make() {
                       ") cannot be read; the SQLite store measures leases on this boot's "
                       "clock and needs it (is /proc mounted?)");
   }
-  return std::unique_ptr<SystemBootClock>(new SystemBootClock(std::move(id)));
+  std::int64_t offset_ms = 0;
+  std::ifstream offsets(kTimeNamespaceOffsetsPath);
+  if (offsets) {  // absent before Linux 5.6: no time namespaces, no offset
+    std::stringstream text;
+    text << offsets.rdbuf();
+    FLEETFS_ASSIGN_OR_RETURN(offset_ms, ParseBootTimeOffsetMs(text.str()));
+  }
+  return std::unique_ptr<SystemBootClock>(new SystemBootClock(std::move(id), offset_ms));
+}
+
+Result<std::int64_t> ParseBootTimeOffsetMs(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string clock;
+    long long seconds = 0;
+    long long nanos = 0;
+    if (!(fields >> clock)) continue;
+    if (clock != "boottime") continue;
+    // The kernel bounds an offset to what fits a timespec64 and a
+    // nanosecond part below 1e9; anything else is not its file.
+    if (!(fields >> seconds >> nanos) || nanos < 0 || nanos >= 1'000'000'000 ||
+        seconds > INT64_MAX / 2000 || seconds < -INT64_MAX / 2000) {
+      return Status(Code::kDataLoss, std::string(kTimeNamespaceOffsetsPath) +
+                                         ": the boottime line '" + line +
+                                         "' is not 'boottime SECONDS NANOSECONDS'");
+    }
+    return static_cast<std::int64_t>(seconds) * 1000 + nanos / 1'000'000;
+  }
+  return std::int64_t{0};
 }
 
 MonoTime SystemMonotonicClock::Now() const {
@@ -157,7 +188,7 @@ MonoTime SystemMonotonicClock::Now() const {
 BootMs SystemBootClock::NowMs() const {
   timespec now{};
   ::clock_gettime(CLOCK_BOOTTIME, &now);
-  return static_cast<BootMs>(now.tv_sec) * 1000 + now.tv_nsec / 1'000'000;
+  return static_cast<BootMs>(now.tv_sec) * 1000 + now.tv_nsec / 1'000'000 - offset_ms_;
 }
 
 }  // namespace fleetfs

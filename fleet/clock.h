@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "fleet/status.h"
 
@@ -71,18 +72,36 @@ class SystemWallClock final : public WallClock {
   WallMs NowMs() const override;
 };
 
-// CLOCK_BOOTTIME and this boot's id, read once: a process never outlives its boot.
+// The host's CLOCK_BOOTTIME and this boot's id, read once: a process never
+// outlives its boot.
+//
+// The host's, not the process's: inside a time namespace CLOCK_BOOTTIME is
+// shifted by the namespace's offset while the boot id is the same, so two
+// agents of one host would write expiries in frames apart by the offset (one
+// shifted back 10 minutes could claim over a live lease). The offset of the
+// process's namespace (/proc/self/timens_offsets, fixed for the process's
+// life) is taken back out.
 class SystemBootClock final : public BootClock {
  public:
-  // NotFound/IoError naming the file when the boot id cannot be read.
+  // Unavailable naming the file when the boot id cannot be read; DataLoss
+  // when the time namespace offsets cannot be parsed.
   static Result<std::unique_ptr<SystemBootClock>> Make();
   BootMs NowMs() const override;
   std::string BootId() const override { return boot_id_; }
+  std::int64_t time_namespace_offset_ms() const { return offset_ms_; }
 
  private:
-  explicit SystemBootClock(std::string boot_id) : boot_id_(std::move(boot_id)) {}
+  SystemBootClock(std::string boot_id, std::int64_t offset_ms)
+      : boot_id_(std::move(boot_id)), offset_ms_(offset_ms) {}
   const std::string boot_id_;
+  const std::int64_t offset_ms_;
 };
+
+inline constexpr const char* kTimeNamespaceOffsetsPath = "/proc/self/timens_offsets";
+
+// The boottime offset in ms from the text of /proc/self/timens_offsets
+// ("monotonic S N" and "boottime S N" lines); 0 when no boottime line.
+Result<std::int64_t> ParseBootTimeOffsetMs(std::string_view text);
 
 // TEST ONLY. When the environment variable FLEETFS_TEST_WALL_OFFSET_FILE
 // names a file, SystemWallClock adds the signed integer milliseconds written

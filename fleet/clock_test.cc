@@ -77,5 +77,32 @@ TEST(SystemMonotonicClock, counts_the_boot_clock_so_a_suspend_ends_local_leases)
   EXPECT_LE(read, after);
 }
 
+TEST(SystemBootClock, the_time_namespace_offset_is_read_from_its_boottime_line) {
+  EXPECT_EQ(ParseBootTimeOffsetMs("monotonic           0         0\n"
+                                  "boottime         -600         0\n")
+                .value(),
+            -600'000);
+  EXPECT_EQ(ParseBootTimeOffsetMs("monotonic 5 0\nboottime 86400 500000000\n").value(), 86'400'500);
+  EXPECT_EQ(ParseBootTimeOffsetMs("monotonic 5 0\n").value(), 0) << "no boottime line";
+  EXPECT_EQ(ParseBootTimeOffsetMs("").value(), 0);
+  for (const char* bad : {"boottime x 0\n", "boottime 5\n", "boottime 5 1000000000\n",
+                          "boottime 5 -1\n", "boottime 99999999999999999999 0\n"}) {
+    auto parsed = ParseBootTimeOffsetMs(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("/proc/self/timens_offsets"), std::string::npos);
+  }
+}
+
+// This process runs in the host's time namespace (offset 0) or in one whose
+// offset the clock takes back out: either way it reads the host's clock.
+TEST(SystemBootClock, reads_the_hosts_boot_clock_whatever_the_time_namespace) {
+  auto clock = SystemBootClock::Make();
+  ASSERT_TRUE(clock.ok()) << clock.status().message();
+  timespec boot{};
+  ::clock_gettime(CLOCK_BOOTTIME, &boot);
+  const std::int64_t own = boot.tv_sec * 1000 + boot.tv_nsec / 1'000'000;
+  EXPECT_NEAR((*clock)->NowMs(), own - (*clock)->time_namespace_offset_ms(), 1'000);
+}
+
 }  // namespace
 }  // namespace fleetfs

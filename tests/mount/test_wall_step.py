@@ -10,8 +10,10 @@ checks that no two hosts acknowledged writes for the tenant at once.
 """
 import json
 import os
+import shutil
 import signal
 import sqlite3
+import tempfile
 import subprocess
 import time
 import unittest
@@ -159,6 +161,44 @@ class WallStep(MountTest):
         self.assertTrue(due)
         self.assertFalse(due - on_b, f"{len(due - on_b)} of A's {len(due)} commits made before "
                          "the last sync interval are not on B")
+
+
+class TimeNamespace(unittest.TestCase):
+    """Two claimers of one host sharing a SQLite control file, one of them in
+    a time namespace whose boot clock is shifted: the boot id is the same in
+    both, so the store must measure both on the host's boot clock."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="fleetfs-timens-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.root, ignore_errors=True)
+        self.store = f"sqlite://{self.root}/control.db"
+
+    def claim(self, owner, shift=None):
+        argv = [BINARY, "lease", "claim", "--store", self.store, "--owner", owner,
+                "--range", "0-100", "--ttl", "60s"]
+        if shift is not None:
+            argv = ["unshare", "-T", "--boottime", str(shift), *argv]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    def test_a_claim_from_a_shifted_time_namespace_never_takes_a_live_lease(self):
+        for shift in (-600, +86400):
+            first, second = f"x{shift}", f"y{shift}"
+            ran = self.claim(first, shift=shift)
+            self.assertEqual(ran.returncode, 0, ran.stderr)
+            ran = self.claim(second)
+            self.assertEqual(ran.returncode, 3, f"shift {shift}: {first}'s 60 s lease is live, "
+                             f"yet {second} got: {ran.stdout}{ran.stderr}")
+            ls = json.loads(subprocess.run([BINARY, "lease", "ls", "--store", self.store,
+                                            "--json"], capture_output=True, text=True,
+                                           check=True).stdout)
+            left = ls["rows"][0]["left_ms"]
+            self.assertTrue(50_000 <= left <= 60_000,
+                            f"shift {shift}: the lease has {left} ms left, not about 60 s")
+            # Release it for the next shift.
+            epoch = ls["rows"][0]["epoch"]
+            subprocess.run([BINARY, "lease", "release", "--store", self.store, "--owner", first,
+                            "--range", "0-100", "--epoch", str(epoch)], check=True,
+                           capture_output=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,392 @@
+"""Agents on separate hosts sharing a real etcd cluster (DESIGN 2).
+
+Each agent runs as its own host: a network namespace (netns.Host) that
+reaches a 3-member etcd cluster over its own veth pair, with its own backing
+directory and mount, and one file:// replica directory shared by all. The
+members listen on loopback (the test's `fleetfs lease ls`) and on every
+host's gateway address; host i's agent is given the three members' ports at
+host i's gateway. Agents share the test's mount namespace, so their mounts
+and MOUNT/.fleetfs/status.json are read from here (their admin HTTP listens
+inside their namespace, out of the test's reach).
+
+Timestamps: the observer and the samplers use time.monotonic(); the agent
+reports its own times on CLOCK_BOOTTIME (fleet/clock.h). The two differ only
+by time the machine spent suspended, which a test run does not span:
+`boot_offset` is measured once and checked.
+"""
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+from harness import BINARY, Agent, MountTest, slots, tenants_in, wait_for
+from netns import Host
+from observer import LoopWriter, Observer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "etcd"))
+from etcd_cluster import EtcdCluster  # noqa: E402
+
+TTL_S = 3  # the shortest lease: the tests wait in multiples of it
+REFRESH_S = TTL_S / 3
+LOCAL_LEASE_S = TTL_S - TTL_S / 3  # a local lease outlives the renewal sent by this
+SYNC_S = 0.2
+# Scheduling, process start and restore slack on a loaded 2-core machine, stated once.
+SLACK_S = 1.0
+# How long after its local lease end a host may still show a range as served:
+# the loop wakes at the end, then publishes the view.
+HIDE_BOUND_S = 0.5
+HOUR_MS = 3_600_000
+PREFIX = "fleetfs/hosts"
+
+
+def boot_offset():
+    """CLOCK_BOOTTIME - CLOCK_MONOTONIC, in seconds."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
+
+
+class HostAgent(Agent):
+    """An agent started inside a host's network namespace."""
+
+    def __init__(self, root, name, store, owner, host, **kwargs):
+        super().__init__(root, name, store, owner, **kwargs)
+        self.host = host
+        self.stopped = False  # SIGSTOPped: its status file would hang a reader
+
+    def argv(self):
+        # The admin server listens on the namespace's own loopback (it takes
+        # loopback only), out of the test's reach. nsenter enters the
+        # namespace and execs the agent: the pid is the agent's.
+        return self.host.wrap(super().argv())
+
+    def try_status(self):
+        """status.json, or None while the mount is not there (not started, killed)."""
+        try:
+            return self.status()
+        except (OSError, ValueError):
+            return None
+
+    def served(self):
+        """{range: epoch} of the ranges served now, per the agent."""
+        s = self.try_status()
+        if not s:
+            return {}
+        return {r["range"]: r["epoch"] for r in s["ranges"] if r["serving"]}
+
+
+def parse_range(text):
+    first, last = text.split("-")
+    return int(first), int(last)
+
+
+def ranges_overlap(a, b):
+    (a0, a1), (b0, b1) = parse_range(a), parse_range(b)
+    return a0 <= b1 and b0 <= a1
+
+
+class FleetHosts(MountTest):
+    TIME_LIMIT = 120
+
+    def setUp(self):
+        super().setUp()
+        self.assertLess(abs(boot_offset()), 0.05,
+                        "CLOCK_BOOTTIME and CLOCK_MONOTONIC differ: the machine was suspended; "
+                        "the agents' times cannot be compared with the test's")
+        self.cluster = None
+        self.hosts = []
+        self.writers = []
+        self.observer = Observer()
+        # Cleanups run last-in first-out: agents die first (a paused one
+        # included: SIGKILL needs no SIGCONT), so no writer hangs in a FUSE
+        # call; then the writers stop; then hosts and etcd go; MountTest's
+        # teardown unmounts and removes the directory last.
+        self.addCleanup(self._remove_fleet)
+        self.addCleanup(self._stop_writers)
+        self.addCleanup(self._kill_agents)
+
+    def _failed(self):
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        return bool(result and any(t is self for t, _ in result.failures + result.errors))
+
+    def _kill_agents(self):
+        for a in self.agents:
+            if a.running():
+                a.proc.kill()
+                a.proc.wait(10)
+
+    def _stop_writers(self):
+        for w in self.writers:
+            w.stop()
+        self.writers = []
+
+    def _remove_fleet(self):
+        if self.cluster is not None:
+            if self._failed():
+                sys.stderr.write("\n" + self.cluster.log_tails() + "\n")
+            self.cluster.close()
+        for h in self.hosts:
+            h.cleanup()
+
+    # -- the fleet --
+
+    def start_fleet(self, hosts, heartbeat_ms=None):
+        """`hosts` network namespaces and an etcd cluster that listens on their
+        gateways."""
+        # Addresses follow the host index: one block of indexes per test
+        # process, so two runs on one machine (two worktrees) do not put one
+        # gateway address on two links.
+        base = (os.getpid() % 1900) * 8
+        for i in range(hosts):
+            self.hosts.append(Host(base + i).create())
+        self.cluster = EtcdCluster(3, client_hosts=[h.gateway for h in self.hosts])
+        self.cluster.start()
+
+    def store_for(self, host):
+        return self.cluster.url(PREFIX, endpoints=self.cluster.endpoints_at(host.gateway))
+
+    @property
+    def store(self):
+        return self.cluster.url(PREFIX)
+
+    def host_agent(self, name, host, ranges="0-16383", ttl=TTL_S, extra=(), env=None):
+        a = HostAgent(self.root, name, self.store_for(host), f"host-{name}", host,
+                      ranges=ranges, ttl=f"{ttl}s",
+                      extra=["--replica", f"file://{self.root}/replica",
+                             "--sync-interval", f"{int(SYNC_S * 1000)}ms", *extra],
+                      env=env)
+        self.agents.append(a)
+        return a
+
+    def lease_ls(self):
+        out = subprocess.run([BINARY, "lease", "ls", "--json", "--store", self.store],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return json.loads(out.stdout)
+
+    def store_expiry(self, owner):
+        """When `owner`'s row ends in etcd, on time.monotonic() (etcd's lease
+        time left, read now)."""
+        asked = time.monotonic()
+        rows = [r for r in self.lease_ls()["rows"] if r["owner"] == owner]
+        self.assertEqual(len(rows), 1, rows)
+        return asked + rows[0]["left_ms"] / 1000
+
+    def make_tenant(self, agent, prefix):
+        """A WAL tenant with the writers' table, created through `agent`'s
+        mount; (tenant, rel)."""
+        tenant = tenants_in(0, 16383, 1, prefix=prefix)[0]
+        rel = slots(tenant)[tenant]["tenant_path"]
+        db = sqlite3.connect(os.path.join(agent.mount, rel), isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, host TEXT)")
+        db.close()
+        return tenant, rel
+
+    def writer(self, agent, tenant, rel, id_base):
+        w = LoopWriter(self.observer, agent.name, tenant, os.path.join(agent.mount, rel),
+                       id_base=id_base).start()
+        self.writers.append(w)
+        return w
+
+    def stop_writers(self):
+        self._stop_writers()
+
+    def ids_on(self, agent, rel, host):
+        db = sqlite3.connect(f"file:{os.path.join(agent.mount, rel)}?mode=ro", uri=True)
+        try:
+            self.assertEqual(db.execute("PRAGMA integrity_check").fetchone()[0], "ok")
+            return {r[0] for r in db.execute("SELECT id FROM t WHERE host = ?", (host,))}
+        finally:
+            db.close()
+
+    def assert_replica_contract(self, writer, stopped_serving, on_b):
+        """Every commit `writer` saw acknowledged more than one sync interval
+        (and the slack) before its host stopped serving is in `on_b`."""
+        acks = self.observer.acks(host=writer.host)
+        due = {row for row, ack in zip(writer.ids(), acks)
+               if ack.acked <= stopped_serving - SYNC_S - SLACK_S}
+        self.assertGreater(len(due), 10, "A's writer made too few commits to judge the replica")
+        self.assertFalse(due - on_b, f"{len(due - on_b)} of {writer.host}'s {len(due)} commits "
+                         "made before the last sync interval are not in the restored tenant")
+        return due
+
+    def watch_serving(self, agent, until, poll=0.005):
+        """Samples `agent` until time.monotonic() >= until: [(time, status)]."""
+        seen = []
+        while time.monotonic() < until:
+            s = agent.try_status()
+            seen.append((time.monotonic(), s))
+            time.sleep(poll)
+        return seen
+
+
+class Sampler:
+    """Reads every agent's status.json over and over in one thread, and the
+    etcd table with `fleetfs lease ls --json` in another, until stopped."""
+
+    def __init__(self, test, agents):
+        self.test, self.agents = test, agents
+        self.samples = []  # (agent name, range, epoch, time), serving ones only
+        self.sweeps = 0
+        self.tables = []  # (time asked, lease ls document)
+        self.errors = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._statuses, daemon=True),
+                         threading.Thread(target=self._tables, daemon=True)]
+
+    def start(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+        if self.errors:
+            raise AssertionError("the sampler failed: " + "; ".join(self.errors[:3]))
+
+    def _statuses(self):
+        shift = boot_offset()
+        while not self._stop.is_set():
+            for a in self.agents:
+                s = a.try_status()
+                if not s:
+                    continue
+                at = s["monotonic_now_s"] - shift  # the agent's own moment of the snapshot
+                for r in s["ranges"]:
+                    if r["serving"]:
+                        self.samples.append((a.name, r["range"], r["epoch"], at))
+            self.sweeps += 1
+
+    def _tables(self):
+        while not self._stop.is_set():
+            asked = time.monotonic()
+            out = subprocess.run([BINARY, "lease", "ls", "--json", "--store", self.test.store],
+                                 capture_output=True, text=True, timeout=30)
+            if out.returncode != 0:
+                self.errors.append(f"lease ls: {out.stderr.strip()}")
+            else:
+                self.tables.append((asked, json.loads(out.stdout)))
+            self._stop.wait(0.2)
+
+    def tenures(self):
+        """{(agent, range, epoch): (first seen serving, last seen serving)}."""
+        spans = {}
+        for name, rng, epoch, at in self.samples:
+            first, last = spans.get((name, rng, epoch), (at, at))
+            spans[(name, rng, epoch)] = (min(first, at), max(last, at))
+        return spans
+
+
+class FleetRace(FleetHosts):
+    TIME_LIMIT = 150
+
+    def test_eight_hosts_racing_for_overlapping_ranges_never_serve_one_slot_twice(self):
+        self.start_fleet(8)
+        # Each host's range overlaps both neighbours' by 1024 slots.
+        ranges = [f"{max(0, i * 2048 - 1024)}-{min(16383, i * 2048 + 2047)}" for i in range(8)]
+        agents = [self.host_agent(f"h{i}", self.hosts[i], ranges=ranges[i]) for i in range(8)]
+        sampler = Sampler(self, agents).start()
+        self.addCleanup(sampler._stop.set)
+        for a in agents:
+            a.start()
+
+        def settled(living):
+            """Every living host serves its range or waits on one that a
+            living host serves; the servers then."""
+            serving = {a.owner for a in living if a.states() == ["serving"]}
+            for a in living:
+                if not a.running():
+                    raise AssertionError(f"{a.name} exited\n" + a.log_tail())
+                r = a.status()["ranges"][0]
+                if r["state"] == "serving":
+                    continue
+                if r["state"] != "waiting" or r.get("held_by", {}).get("owner") not in serving:
+                    return None
+            return [a for a in living if a.owner in serving]
+
+        def wait_settled(living, what):
+            found = []
+            wait_for(lambda: found.append(settled(living)) or found[-1], 10 * TTL_S, what,
+                     poll=0.05, on_fail=lambda: "\n".join(a.log_tail() for a in living))
+            return found[-1]
+
+        # Round 1: all eight start at once and race through etcd.
+        first = wait_settled(agents, "the first race to settle")
+        # Round 2: the servers die (kill -9, nothing released); the others
+        # race for what their leases leave once etcd ends them.
+        for a in first:
+            a.kill9()
+        rest = [a for a in agents if a not in first]
+        second = wait_settled(rest, "the race after the servers died to settle")
+        # Round 3: the dead come back and race the living, and the servers
+        # release at SIGTERM: the waiting claim at once.
+        for a in first:
+            a.start()
+        wait_for(lambda: all(a.states() and a.states()[0] in ("serving", "waiting", "lost")
+                             for a in first), 10 * TTL_S, "the restarted hosts to look",
+                 poll=0.05)
+        for a in second:
+            a.proc.send_signal(signal.SIGTERM)
+        for a in second:
+            self.assertEqual(a.proc.wait(30), 0, a.log_tail())
+        third = wait_settled([a for a in agents if a not in second],
+                             "the race after the servers released to settle")
+        time.sleep(0.5)  # a few more samples of the settled table
+        sampler.stop()
+
+        print(f"\nservers: {[a.name for a in first]} -> {[a.name for a in second]} -> "
+              f"{[a.name for a in third]}; {sampler.sweeps} sweeps, {len(sampler.samples)} "
+              f"serving samples, {len(sampler.tables)} tables")
+        self.assertGreater(sampler.sweeps, 100, "the sampler barely looked")
+        self.assertGreater(len(sampler.tables), 20, "the etcd table was barely read")
+        for servers in (first, second, third):
+            self.assertTrue(servers)
+        # Kill -9 frees every range that a dead server held; a waiting
+        # neighbour of each takes it.
+        self.assertTrue(set(second) - set(first))
+
+        # No slot served by two hosts at once: tenures (one host, one range,
+        # one epoch, first to last sample seen serving) of overlapping ranges
+        # never overlap in time; the later one has the higher epoch.
+        tenures = sorted(sampler.tenures().items(), key=lambda kv: kv[1][0])
+        self.assertGreaterEqual(len(tenures), len(first) + len(second) + len(third) - 1)
+        for i, ((name_a, range_a, epoch_a), (first_a, last_a)) in enumerate(tenures):
+            for (name_b, range_b, epoch_b), (first_b, last_b) in tenures[i + 1:]:
+                if not ranges_overlap(range_a, range_b) or name_a == name_b and \
+                        range_a == range_b and epoch_a == epoch_b:
+                    continue
+                self.assertLess(last_a, first_b,
+                                f"{name_a} served {range_a} at epoch {epoch_a} until {last_a:.3f}; "
+                                f"{name_b} served {range_b} at epoch {epoch_b} from {first_b:.3f}")
+                self.assertGreater(epoch_b, epoch_a, f"{name_b}'s epoch after {name_a}'s")
+
+        # Epochs are unique: one epoch names one (owner, range), in the
+        # agents' view and in etcd's, and etcd's counter never goes down.
+        granted = {}
+        for (name, rng, epoch), _ in tenures:
+            granted.setdefault(epoch, set()).add((f"host-{name}", rng))
+        last_epoch = 0
+        for asked, table in sampler.tables:
+            self.assertGreaterEqual(table["last_epoch"], last_epoch, "the epoch counter went down")
+            last_epoch = table["last_epoch"]
+            live = [r for r in table["rows"] if not r["lapsed"]]
+            for i, r in enumerate(live):
+                self.assertLessEqual(r["epoch"], table["last_epoch"])
+                granted.setdefault(r["epoch"], set()).add((r["owner"], r["range"]))
+                for other in live[i + 1:]:
+                    self.assertFalse(ranges_overlap(r["range"], other["range"]),
+                                     f"etcd holds live rows {r} and {other}")
+                    self.assertNotEqual(r["epoch"], other["epoch"])
+        for epoch, holders in granted.items():
+            self.assertEqual(len(holders), 1, f"epoch {epoch} granted to {holders}")
+        self.assertGreaterEqual(last_epoch, len(first) + len(second) + len(third))
+
+
+if __name__ == "__main__":
+    unittest.main()

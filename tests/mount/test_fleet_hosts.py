@@ -388,5 +388,98 @@ class FleetRace(FleetHosts):
         self.assertGreaterEqual(last_epoch, len(first) + len(second) + len(third))
 
 
+class EtcdQuorum(FleetHosts):
+    # 6 s, not 3: a call has ttl/3 to answer, and etcd (default election
+    # timeout 1 s, randomized up to 2 s) can be without a leader for up to
+    # 2 s after its leader dies. At ttl 3 s a renewal that falls in that
+    # window times out and the local lease (2 s) can end before the next one
+    # lands: a lapse the design allows. At 6 s one renewal may fail and the
+    # next still lands within the local lease (4 s).
+    TTL = 6
+    TIME_LIMIT = 120
+
+    def test_a_leader_kill_costs_no_lapse_and_without_a_quorum_every_host_hides_at_its_lease_end(self):
+        local_lease = self.TTL - self.TTL / 3
+        self.start_fleet(2)
+        a = self.host_agent("a", self.hosts[0], ranges="0-8191", ttl=self.TTL).start()
+        b = self.host_agent("b", self.hosts[1], ranges="8192-16383", ttl=self.TTL).start()
+        paths = {}
+        for agent, (first, last) in ((a, (0, 8191)), (b, (8192, 16383))):
+            agent.wait_states("serving", timeout=30)
+            tenant = tenants_in(first, last, 1, prefix=f"quorum-{agent.name}")[0]
+            paths[agent.name] = os.path.join(agent.mount, slots(tenant)[tenant]["tenant_path"])
+            db = sqlite3.connect(paths[agent.name])
+            db.execute("CREATE TABLE t(x)")
+            db.commit()
+            db.close()
+        epochs = {x.name: x.served() for x in (a, b)}
+        refreshes = {x.name: x.status()["refreshes"] for x in (a, b)}
+
+        # The leader dies: renewals go on through the two others.
+        leader = self.cluster.leader()
+        self.cluster.kill(leader)
+        killed = time.monotonic()
+        # Watch until any lapse the election could cause has had its time:
+        # the last renewal before the kill, plus the local lease, plus a
+        # refresh round and the slack.
+        until = killed + local_lease + self.TTL / 3 + SLACK_S
+        samples = 0
+        while time.monotonic() < until:
+            for x in (a, b):
+                self.assertEqual(x.served(), epochs[x.name],
+                                 f"{x.name} stopped serving {time.monotonic() - killed:.2f} s "
+                                 f"after the etcd leader died\n{x.log_tail()}")
+                samples += 1
+            time.sleep(0.005)
+        self.assertGreater(samples, 200)
+        new_leader = self.cluster.leader()
+        self.assertNotEqual(new_leader, leader)
+        for x in (a, b):
+            # Renewed through the quorum, not merely not yet lapsed.
+            self.assertGreaterEqual(x.status()["refreshes"], refreshes[x.name] + 3, x.log_tail())
+            self.assertTrue(os.path.exists(paths[x.name]))
+
+        # A second member dies: no quorum, no renewal. Each host serves until
+        # its local lease, from the last renewal it sent, ends, then hides.
+        self.cluster.kill(new_leader)
+        killed = time.monotonic()
+        last_end = {}
+        hidden = {}
+        while len(hidden) < 2 and time.monotonic() < killed + local_lease + 2 * SLACK_S:
+            for x in (a, b):
+                if x.name in hidden:
+                    continue
+                s = x.status()
+                r = s["ranges"][0]
+                if r["serving"]:
+                    last_end[x.name] = r["local_lease_end_monotonic_s"] - boot_offset()
+                else:
+                    hidden[x.name] = (time.monotonic(), r["state"])
+            time.sleep(0.002)
+        for x in (a, b):
+            self.assertIn(x.name, hidden, f"{x.name} still serves without a quorum\n"
+                          + x.log_tail())
+            at, state = hidden[x.name]
+            end = last_end[x.name]
+            last_renewal = end - local_lease
+            print(f"\n{x.name}: last renewal {last_renewal - killed:+.2f} s from the kill, "
+                  f"hidden {(at - end) * 1000:+.0f} ms from its local lease end ({state})")
+            self.assertLessEqual(last_renewal, killed + 0.05,
+                                 f"{x.name} renewed without a quorum")
+            self.assertGreaterEqual(last_renewal, killed - self.TTL / 3 - SLACK_S,
+                                    f"{x.name} had stopped renewing before the quorum went")
+            self.assertLessEqual(at, end + HIDE_BOUND_S, f"{x.name} served past its local lease")
+            self.assertGreaterEqual(at, end - 0.05, f"{x.name} hid before its local lease ended")
+            self.assertEqual(state, "lapsed")
+            self.assertFalse(os.path.exists(paths[x.name]), f"{x.name}'s tenant still visible")
+
+        # A member comes back: the quorum with it, and both hosts serve again.
+        self.cluster.restart(new_leader)
+        for x in (a, b):
+            x.wait_states("serving", timeout=self.TTL * 3)
+            self.assertTrue(os.path.exists(paths[x.name]))
+        print(f"epochs before {epochs}, after {({x.name: x.served() for x in (a, b)})}")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -214,14 +214,50 @@ class FleetHosts(MountTest):
                          "made before the last sync interval are not in the restored tenant")
         return due
 
-    def watch_serving(self, agent, until, poll=0.005):
-        """Samples `agent` until time.monotonic() >= until: [(time, status)]."""
-        seen = []
+
+    def start_pair(self, prefix, env_a=None, env_b=None):
+        """Hosts a (serving one tenant under a writer) and b (waiting for the
+        same range, its writer retrying through b's mount)."""
+        self.start_fleet(2)
+        a = self.host_agent("a", self.hosts[0], env=env_a).start()
+        a.wait_states("serving", timeout=30)
+        tenant, rel = self.make_tenant(a, prefix)
+        b = self.host_agent("b", self.hosts[1], env=env_b).start()
+        b.wait_states("waiting", timeout=30)
+        wa = self.writer(a, tenant, rel, 0)
+        wb = self.writer(b, tenant, rel, 1_000_000)
+        wait_for(lambda: len(self.observer.acks(host="a")) >= 20, 20,
+                 "A's writer to commit 20 times", on_fail=a.log_tail)
+        return a, b, tenant, rel, wa, wb
+
+    def watch_takeover(self, a, b, since, timeout):
+        """Samples both hosts from `since` until b serves: (a's last local lease
+        end while serving, when a was first seen not serving, when b was first
+        seen serving), on time.monotonic()."""
+        a_end = a_hidden = b_serving = None
+        deadline = since + timeout
+        while b_serving is None:
+            self.assertLess(time.monotonic(), deadline,
+                            "B did not take over\n" + a.log_tail() + "\n" + b.log_tail())
+            if a_hidden is None and not a.stopped:
+                s = a.try_status()
+                if s and s["ranges"][0]["serving"]:
+                    a_end = s["ranges"][0]["local_lease_end_monotonic_s"] - boot_offset()
+                elif s:
+                    a_hidden = time.monotonic()
+            s = b.try_status()
+            if s and s["ranges"][0]["serving"]:
+                b_serving = s["monotonic_now_s"] - boot_offset()
+            time.sleep(0.002)
+        return a_end, a_hidden, b_serving
+
+    def watch_not_serving(self, agent, until, what):
+        """Fails if `agent` shows a range served before time.monotonic() >= until."""
         while time.monotonic() < until:
             s = agent.try_status()
-            seen.append((time.monotonic(), s))
-            time.sleep(poll)
-        return seen
+            self.assertFalse(s and any(r["serving"] for r in s["ranges"]),
+                             f"{agent.name} serves again {what}\n" + agent.log_tail())
+            time.sleep(0.01)
 
 
 class Sampler:
@@ -479,6 +515,62 @@ class EtcdQuorum(FleetHosts):
             x.wait_states("serving", timeout=self.TTL * 3)
             self.assertTrue(os.path.exists(paths[x.name]))
         print(f"epochs before {epochs}, after {({x.name: x.served() for x in (a, b)})}")
+
+
+class Partition(FleetHosts):
+    def test_a_partitioned_host_hides_at_its_lease_end_and_waits_after_the_heal(self):
+        a, b, tenant, rel, wa, wb = self.start_pair("part")
+        self.hosts[0].partition()
+        parted = time.monotonic()
+        # etcd's own lease on A's row, as the test (on loopback) sees it: time
+        # left in whole seconds, rounded down, so the row lives at least this.
+        time.sleep(0.1)  # a renewal already on the wire lands or is lost
+        store_end = self.store_expiry("host-a")
+        a_end, a_hidden, b_serving = self.watch_takeover(
+            a, b, parted, LOCAL_LEASE_S + TTL_S + REFRESH_S + 3 * SLACK_S)
+        self.assertIsNotNone(a_end, "A was not seen serving after the partition")
+        self.assertIsNotNone(a_hidden, "A was not seen hiding before B served")
+        print(f"\nA hid {(a_hidden - a_end) * 1000:+.0f} ms from its local lease end "
+              f"({a_end - parted:.2f} s after the partition); B served "
+              f"{b_serving - a_hidden:.2f} s after A hid, {b_serving - store_end:+.2f} s from "
+              "the store lease end seen")
+        self.assertLessEqual(a_end, parted + LOCAL_LEASE_S + 0.05,
+                             "A's local lease outran the partition: renewed through a cut link?")
+        self.assertLessEqual(a_hidden, a_end + HIDE_BOUND_S, "A served past its local lease")
+        self.assertGreaterEqual(b_serving, store_end - 0.05, "B served before A's row ended")
+        # A's renewal was sent at a_end - LOCAL_LEASE_S, so etcd kept its row
+        # to a_end + ttl/3 at least: the margin the design promises.
+        self.assertGreaterEqual(b_serving, a_end + REFRESH_S - 0.05,
+                                "B served less than ttl/3 after A's local lease ended")
+        self.assertFalse(os.path.exists(os.path.join(a.mount, rel)), "A still shows the tenant")
+
+        # B restored A's commits from the shared replica and serves: its writer commits.
+        wait_for(lambda: len(self.observer.acks(host="b")) >= 10, 10 + SLACK_S,
+                 "B's writer to commit 10 times", on_fail=b.log_tail)
+        self.assertIn("restored", b.log())
+
+        # The link comes back: A's next renewal is refused (the row is B's);
+        # A waits on B and never serves again while B holds the range.
+        log_at = len(a.log())
+        refreshes = a.status()["refreshes"]
+        self.hosts[0].heal()
+        healed = time.monotonic()
+        wait_for(lambda: a.status()["ranges"][0]["state"] == "waiting" and
+                 a.status()["ranges"][0].get("held_by", {}).get("owner") == "host-b",
+                 3 * TTL_S, "A to wait on B after the heal", on_fail=a.log_tail)
+        self.watch_not_serving(a, healed + TTL_S, "after the heal")
+        self.assertGreaterEqual(a.status()["refreshes"], refreshes + 2, "A stopped refreshing")
+        self.assertIn("lost range 0-16383", a.log()[log_at:])
+        self.assertEqual(b.states(), ["serving"])
+
+        self.stop_writers()
+        self.observer.assert_no_overlap()
+        self.assertEqual([t.host for t in self.observer.tenures(tenant)], ["a", "b"])
+        self.assertTrue(wa.errors, "A's writer saw no failure: was it fenced?")
+        on_b = self.ids_on(b, rel, "a")
+        self.assert_replica_contract(wa, a_hidden, on_b)
+        self.assertFalse(set(wb.ids()) - self.ids_on(b, rel, "b"), "B lost its own commits")
+        self.assertGreaterEqual(len(wb.ids()), 10)
 
 
 if __name__ == "__main__":

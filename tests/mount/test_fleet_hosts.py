@@ -49,6 +49,92 @@ def boot_offset():
     return time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
 
 
+# A LoopWriter in its own process: one line per acknowledged commit
+# ("ack SENT ACKED ID", time.monotonic(), the clock every process shares),
+# one per failure ("err TIME MESSAGE").
+WRITER = r"""
+import sqlite3, sys, time
+path, host, base, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+out = open(log, "a", buffering=1)
+db, n = None, 0
+while True:
+    try:
+        if db is None:
+            db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5,
+                                 isolation_level=None)
+        n += 1
+        sent = time.monotonic()
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t(id, host) VALUES (?, ?)", (base + n, host))
+        db.execute("COMMIT")
+        out.write(f"ack {sent:.6f} {time.monotonic():.6f} {base + n}\n")
+    except sqlite3.Error as e:
+        out.write(f"err {time.monotonic():.6f} {e}\n")
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass
+            db = None
+        time.sleep(0.02)
+"""
+
+
+class ProcessWriter:
+    """LoopWriter's loop in a child process, for a writer whose mount may
+    hang (its agent paused): SQLite's unix VFS holds one process-wide mutex
+    around some file calls, so a thread stuck in a call to a paused agent's
+    mount would stall every other writer thread of the test process too.
+    Its acknowledged commits reach the observer when it stops."""
+
+    def __init__(self, observer, host, key, path, id_base, log):
+        self.observer, self.host, self.key, self.log = observer, host, key, log
+        self.proc = subprocess.Popen([sys.executable, "-c", WRITER, path, host, str(id_base), log])
+        self._ids = []
+        self.errors = {}
+        self.error_times = []
+        self.stopped = False
+
+    def lines(self):
+        try:
+            with open(self.log) as f:
+                return [line.split(" ", 3) for line in f.read().splitlines()]
+        except FileNotFoundError:
+            return []
+
+    def acks(self):
+        """[(sent, acked, id)] so far."""
+        found = []
+        for parts in self.lines():
+            if parts[0] == "ack" and len(parts) == 4:
+                try:
+                    found.append((float(parts[1]), float(parts[2]), int(parts[3])))
+                except ValueError:
+                    pass  # a line cut short by the kill
+        return found
+
+    def stop(self, timeout=30):
+        if self.stopped:
+            return
+        self.stopped = True
+        self.proc.kill()
+        self.proc.wait(timeout)
+        for sent, acked, row in self.acks():
+            self.observer.record(self.host, self.key, sent, acked)
+            self._ids.append(row)
+        for parts in self.lines():
+            if parts[0] == "err" and len(parts) >= 3:
+                message = " ".join(parts[2:])
+                self.errors[message] = self.errors.get(message, 0) + 1
+                try:
+                    self.error_times.append(float(parts[1]))
+                except ValueError:
+                    pass
+
+    def ids(self):
+        return list(self._ids)
+
+
 class HostAgent(Agent):
     """An agent started inside a host's network namespace."""
 
@@ -186,9 +272,13 @@ class FleetHosts(MountTest):
         db.close()
         return tenant, rel
 
-    def writer(self, agent, tenant, rel, id_base):
-        w = LoopWriter(self.observer, agent.name, tenant, os.path.join(agent.mount, rel),
-                       id_base=id_base).start()
+    def writer(self, agent, tenant, rel, id_base, process=False):
+        path = os.path.join(agent.mount, rel)
+        if process:
+            w = ProcessWriter(self.observer, agent.name, tenant, path, id_base,
+                              os.path.join(self.root, f"writer-{agent.name}.log"))
+        else:
+            w = LoopWriter(self.observer, agent.name, tenant, path, id_base=id_base).start()
         self.writers.append(w)
         return w
 
@@ -215,7 +305,7 @@ class FleetHosts(MountTest):
         return due
 
 
-    def start_pair(self, prefix, env_a=None, env_b=None):
+    def start_pair(self, prefix, env_a=None, env_b=None, process_writers=False):
         """Hosts a (serving one tenant under a writer) and b (waiting for the
         same range, its writer retrying through b's mount)."""
         self.start_fleet(2)
@@ -224,10 +314,17 @@ class FleetHosts(MountTest):
         tenant, rel = self.make_tenant(a, prefix)
         b = self.host_agent("b", self.hosts[1], env=env_b).start()
         b.wait_states("waiting", timeout=30)
-        wa = self.writer(a, tenant, rel, 0)
-        wb = self.writer(b, tenant, rel, 1_000_000)
-        wait_for(lambda: len(self.observer.acks(host="a")) >= 20, 20,
-                 "A's writer to commit 20 times", on_fail=a.log_tail)
+        wa = self.writer(a, tenant, rel, 0, process_writers)
+        wb = self.writer(b, tenant, rel, 1_000_000, process_writers)
+
+        def old_acks():
+            """A's commits acknowledged more than a sync interval (and the
+            slack) ago: what the replica contract covers by now."""
+            acked = [x[1] for x in wa.acks()] if process_writers else \
+                [x.acked for x in self.observer.acks(host="a")]
+            return len([t for t in acked if t < time.monotonic() - SYNC_S - SLACK_S])
+        wait_for(lambda: old_acks() >= 20, 20, "A's writer to commit 20 times",
+                 on_fail=a.log_tail)
         return a, b, tenant, rel, wa, wb
 
     def watch_takeover(self, a, b, since, timeout):
@@ -571,6 +668,64 @@ class Partition(FleetHosts):
         self.assert_replica_contract(wa, a_hidden, on_b)
         self.assertFalse(set(wb.ids()) - self.ids_on(b, rel, "b"), "B lost its own commits")
         self.assertGreaterEqual(len(wb.ids()), 10)
+
+
+def process_state(pid):
+    """The state letter of /proc/PID/stat (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+class Pause(FleetHosts):
+    def test_a_host_paused_past_its_lease_acknowledges_nothing_after_the_pause_and_b_keeps_its_data(self):
+        a, b, tenant, rel, wa, wb = self.start_pair("pause", process_writers=True)
+        a.stopped = True  # from here its status file would hang a reader
+        a.proc.send_signal(signal.SIGSTOP)
+        # Every thread of the agent is stopped from here: a write sent after
+        # this reaches an agent that answers it only after SIGCONT.
+        paused = wait_for(lambda: process_state(a.proc.pid) == "T", 5, "A to stop", poll=0.001)
+        try:
+            _, _, b_serving = self.watch_takeover(a, b, paused,
+                                                  TTL_S + REFRESH_S + 3 * SLACK_S)
+            wait_for(lambda: len(wb.acks()) >= 10, 10 + SLACK_S,
+                     "B's writer to commit 10 times", on_fail=b.log_tail)
+            # The pause outlasts a whole lease, whenever A last renewed.
+            time.sleep(max(0.0, paused + TTL_S + 0.2 - time.monotonic()))
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        a.stopped = False
+        print(f"\nA paused {resumed - paused:.2f} s; B served {b_serving - paused:.2f} s "
+              "after the pause began")
+        self.assertGreater(resumed - paused, TTL_S, "the pause was not longer than the lease")
+        # Awake, A finds its local lease ended: it serves nothing, finds the
+        # range lost and waits on B.
+        wait_for(lambda: a.status()["ranges"][0]["state"] == "waiting" and
+                 a.status()["ranges"][0].get("held_by", {}).get("owner") == "host-b",
+                 3 * TTL_S, "A to wait on B after the pause", on_fail=a.log_tail)
+        self.watch_not_serving(a, time.monotonic() + REFRESH_S, "after the pause")
+        self.assertEqual(b.states(), ["serving"])
+        self.stop_writers()
+
+        self.observer.assert_no_overlap()
+        self.assertEqual([t.host for t in self.observer.tenures(tenant)], ["a", "b"])
+        a_acks = self.observer.acks(host="a")
+        self.assertFalse([x for x in a_acks if x.sent > paused],
+                         "A acknowledged a write begun while it was paused")
+        self.assertFalse([x for x in a_acks if x.acked > resumed],
+                         "A acknowledged a write after it resumed")
+        self.assertTrue([t for t in wa.error_times if t > resumed],
+                        f"A's writer saw no failure after the pause: {wa.errors}")
+        self.assertIn("restored", b.log())
+        # B's tenant is whole: its own commits, and A's made before the last
+        # sync interval.
+        self.assertFalse(set(wb.ids()) - self.ids_on(b, rel, "b"), "B lost its own commits")
+        self.assertGreaterEqual(len(wb.ids()), 10)
+        self.assert_replica_contract(wa, paused, self.ids_on(b, rel, "a"))
+        # Nothing A wrote after the pause reached B's tenant either.
+        late_ids = set(self.ids_on(b, rel, "a")) - set(wa.ids())
+        self.assertFalse(late_ids, f"rows of A's writer that A never acknowledged are in B's "
+                         f"tenant: {sorted(late_ids)[:5]}")
 
 
 if __name__ == "__main__":

@@ -299,7 +299,8 @@ class FleetHosts(MountTest):
         acks = self.observer.acks(host=writer.host)
         due = {row for row, ack in zip(writer.ids(), acks)
                if ack.acked <= stopped_serving - SYNC_S - SLACK_S}
-        self.assertGreater(len(due), 10, "A's writer made too few commits to judge the replica")
+        self.assertGreater(len(due), 10,
+                           f"{writer.host}'s writer made too few commits to judge the replica")
         self.assertFalse(due - on_b, f"{len(due - on_b)} of {writer.host}'s {len(due)} commits "
                          "made before the last sync interval are not in the restored tenant")
         return due
@@ -726,6 +727,88 @@ class Pause(FleetHosts):
         late_ids = set(self.ids_on(b, rel, "a")) - set(wa.ids())
         self.assertFalse(late_ids, f"rows of A's writer that A never acknowledged are in B's "
                          f"tenant: {sorted(late_ids)[:5]}")
+
+
+class WallClocks(FleetHosts):
+    """Each host reads its wall clock through its own
+    FLEETFS_TEST_WALL_OFFSET_FILE (fleet/clock.h): the test moves one host's
+    wall time without touching the machine's."""
+
+    def set_wall(self, name, ms):
+        path = os.path.join(self.root, f"wall-{name}")
+        with open(path + ".new", "w") as f:
+            f.write(f"{ms}\n")
+        os.rename(path + ".new", path)  # atomic: no agent reads half a file
+        return path
+
+    def watch_holder(self, holder, waiter, seconds, what):
+        """For `seconds`: the holder serves throughout and renews, the waiter
+        never serves."""
+        refreshes = holder.status()["refreshes"]
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            self.assertEqual(holder.states(), ["serving"], f"{holder.name} stopped serving "
+                             f"{what}\n" + holder.log_tail())
+            s = waiter.try_status()
+            self.assertFalse(s and s["ranges"][0]["serving"],
+                             f"{waiter.name} served while {holder.name} held the range {what}")
+            time.sleep(0.01)
+        self.assertGreaterEqual(holder.status()["refreshes"], refreshes + int(seconds / REFRESH_S)
+                                - 1, f"{holder.name} stopped renewing {what}")
+
+    def fail_over(self, dead, heir):
+        """Kills `dead` (-9) and checks `heir` serves once the store lease ends,
+        no later than a lease and a refresh round after dead's last renewal."""
+        dead.kill9()
+        killed = time.monotonic()
+        expiry = self.store_expiry(dead.owner)  # etcd's time left, in whole seconds down
+        served = wait_for(lambda: heir.states() == ["serving"], TTL_S + REFRESH_S + 3 * SLACK_S,
+                          f"{heir.name} to serve after {dead.name} died", poll=0.005,
+                          on_fail=heir.log_tail)
+        last_renewal = expiry - TTL_S
+        print(f"\n{heir.name} served {(served - killed) * 1000:.0f} ms after {dead.name}'s kill")
+        self.assertGreaterEqual(served, expiry - 0.05, f"{heir.name} served before the row ended")
+        self.assertLessEqual(served - last_renewal, TTL_S + REFRESH_S + SLACK_S,
+                             f"{heir.name}'s takeover was late: a wall clock blocked the failover?")
+        return killed
+
+    def test_hosts_an_hour_apart_and_stepping_an_hour_neither_overlap_nor_block_a_failover(self):
+        env_a = {"FLEETFS_TEST_WALL_OFFSET_FILE": self.set_wall("a", +HOUR_MS)}
+        env_b = {"FLEETFS_TEST_WALL_OFFSET_FILE": self.set_wall("b", 0)}
+        a, b, tenant, rel, wa, wb = self.start_pair("wall", env_a=env_a, env_b=env_b)
+        # A runs an hour ahead of B: it holds the range and renews; B waits.
+        self.assertGreater(a.status()["now_ms"], time.time() * 1000 + HOUR_MS - 60_000,
+                           "A does not read its wall offset")
+        self.assertLess(abs(b.status()["now_ms"] - time.time() * 1000), 60_000)
+        self.watch_holder(a, b, TTL_S, "an hour ahead of B")
+        # A's wall clock steps two hours back while it serves.
+        self.set_wall("a", -HOUR_MS)
+        self.watch_holder(a, b, TTL_S, "after its wall clock stepped two hours back")
+        wait_for(lambda: a.status()["now_ms"] < time.time() * 1000 - HOUR_MS + 60_000, 5,
+                 "A to show the stepped wall time")
+
+        # A dies: B, an hour ahead of A, takes over on etcd's clock.
+        self.fail_over(a, b)
+        wait_for(lambda: len(self.observer.acks(host="b")) >= 10, 10 + SLACK_S,
+                 "B's writer to commit 10 times", on_fail=b.log_tail)
+        # B's wall clock steps an hour forward while it serves; A comes back
+        # (an hour behind) and waits on it.
+        self.set_wall("b", +HOUR_MS)
+        a.start()
+        wait_for(lambda: a.status()["ranges"][0]["state"] == "waiting", 5 * TTL_S,
+                 "A to wait on B", on_fail=a.log_tail)
+        self.watch_holder(b, a, TTL_S, "after its wall clock stepped an hour forward")
+        wait_for(lambda: len([x for x in self.observer.acks(host="b")
+                              if x.acked < time.monotonic() - SYNC_S - SLACK_S]) >= 20,
+                 10, "B's writer to commit 20 times a sync interval ago")
+        b_killed = self.fail_over(b, a)
+        wait_for(lambda: len([x for x in self.observer.acks(host="a") if x.sent > b_killed]) >= 10,
+                 10 + SLACK_S, "A's writer to commit 10 times again", on_fail=a.log_tail)
+        self.stop_writers()
+
+        self.observer.assert_no_overlap()
+        self.assertEqual([t.host for t in self.observer.tenures(tenant)], ["a", "b", "a"])
+        self.assert_replica_contract(wb, b_killed, self.ids_on(a, rel, "b"))
 
 
 if __name__ == "__main__":

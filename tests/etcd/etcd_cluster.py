@@ -130,12 +130,38 @@ class EtcdCluster:
     def __exit__(self, *exc):
         self.close()
 
-    def start(self, timeout=30):
-        for m in self.members:
-            self._launch(m, state="new")
-        self.started = True
-        self.wait_healthy(timeout)
+    def start(self, timeout=30, attempts=3):
+        # A port picked free can be taken by another process before the
+        # member binds it (other tests on the machine pick ports too): such a
+        # start is begun again on new ports, the members' data dirs fresh.
+        for attempt in range(attempts):
+            for m in self.members:
+                self._launch(m, state="new")
+            self.started = True
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except AssertionError:
+                if attempt + 1 == attempts or not self._port_taken():
+                    raise
+            for i, m in enumerate(self.members):
+                if m.running():
+                    m.proc.kill()
+                m.proc.wait(10)
+                shutil.rmtree(m.data_dir, ignore_errors=True)
+                os.rename(m.log_path, f"{m.log_path}.{attempt}")
+                self.members[i] = Member(self.root, i)
         return self
+
+    def _port_taken(self):
+        for m in self.members:
+            try:
+                with open(m.log_path, errors="replace") as f:
+                    if "address already in use" in f.read():
+                        return True
+            except OSError:
+                pass
+        return False
 
     def _launch(self, m, state):
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)

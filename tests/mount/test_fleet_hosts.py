@@ -41,6 +41,9 @@ SLACK_S = 1.0
 # the loop wakes at the end, then publishes the view.
 HIDE_BOUND_S = 0.5
 HOUR_MS = 3_600_000
+# etcd's leader looks for expired leases every 500 ms: a row outlives its
+# lease by up to that.
+ETCD_EXPIRY_CHECK_S = 0.5
 PREFIX = "fleetfs/hosts"
 
 
@@ -641,6 +644,7 @@ class Partition(FleetHosts):
         self.assertGreaterEqual(b_serving, a_end + REFRESH_S - 0.05,
                                 "B served less than ttl/3 after A's local lease ended")
         self.assertFalse(os.path.exists(os.path.join(a.mount, rel)), "A still shows the tenant")
+        self.assertIn("its local lease ended; hiding it and fencing its handles", a.log())
 
         # B restored A's commits from the shared replica and serves: its writer commits.
         wait_for(lambda: len(self.observer.acks(host="b")) >= 10, 10 + SLACK_S,
@@ -665,6 +669,8 @@ class Partition(FleetHosts):
         self.observer.assert_no_overlap()
         self.assertEqual([t.host for t in self.observer.tenures(tenant)], ["a", "b"])
         self.assertTrue(wa.errors, "A's writer saw no failure: was it fenced?")
+        self.assertFalse([x for x in self.observer.acks(host="a") if x.acked > a_hidden],
+                         "A acknowledged a write after it hid the range")
         on_b = self.ids_on(b, rel, "a")
         self.assert_replica_contract(wa, a_hidden, on_b)
         self.assertFalse(set(wb.ids()) - self.ids_on(b, rel, "b"), "B lost its own commits")
@@ -759,16 +765,32 @@ class WallClocks(FleetHosts):
     def fail_over(self, dead, heir):
         """Kills `dead` (-9) and checks `heir` serves once the store lease ends,
         no later than a lease and a refresh round after dead's last renewal."""
+        # Killed just after a renewal came back, so that renewal (sent at
+        # its local lease end less the local lease) is the last.
+        refreshes = dead.status()["refreshes"]
+        seen = []
+        wait_for(lambda: seen.append(dead.status()) or seen[-1]["refreshes"] > refreshes,
+                 REFRESH_S + SLACK_S, f"a renewal of {dead.name}", poll=0.002,
+                 on_fail=dead.log_tail)
         dead.kill9()
         killed = time.monotonic()
+        last_renewal = (seen[-1]["ranges"][0]["local_lease_end_monotonic_s"] - boot_offset()
+                        - LOCAL_LEASE_S)
+        self.assertLess(killed - last_renewal, REFRESH_S, "the kill came late")
         expiry = self.store_expiry(dead.owner)  # etcd's time left, in whole seconds down
         served = wait_for(lambda: heir.states() == ["serving"], TTL_S + REFRESH_S + 3 * SLACK_S,
                           f"{heir.name} to serve after {dead.name} died", poll=0.005,
                           on_fail=heir.log_tail)
-        last_renewal = expiry - TTL_S
-        print(f"\n{heir.name} served {(served - killed) * 1000:.0f} ms after {dead.name}'s kill")
+        print(f"\n{heir.name} served {(served - last_renewal) * 1000:.0f} ms after "
+              f"{dead.name}'s last renewal")
         self.assertGreaterEqual(served, expiry - 0.05, f"{heir.name} served before the row ended")
-        self.assertLessEqual(served - last_renewal, TTL_S + REFRESH_S + SLACK_S,
+        self.assertGreaterEqual(served, last_renewal + TTL_S - 0.05,
+                                f"{heir.name} served before {dead.name}'s lease could end")
+        # etcd ends the lease a ttl after the renewal, deletes the row at
+        # its next check for expired leases, and the heir's next claim (a
+        # refresh round later) takes it.
+        self.assertLessEqual(served - last_renewal,
+                             TTL_S + ETCD_EXPIRY_CHECK_S + REFRESH_S + SLACK_S,
                              f"{heir.name}'s takeover was late: a wall clock blocked the failover?")
         return killed
 

@@ -208,21 +208,29 @@ class FleetHosts(MountTest):
                 a.proc.wait(10)
 
     def _stop_writers(self):
-        for w in self.writers:
-            w.stop()
-        self.writers = []
+        writers, self.writers = self.writers, []
+        hung = []
+        for w in writers:
+            try:
+                w.stop()
+            except AssertionError as e:  # the others still stop
+                hung.append(str(e))
+        if hung:
+            raise AssertionError("; ".join(hung))
 
     def _remove_fleet(self):
-        if self.cluster is not None:
-            if self._failed():
-                sys.stderr.write("\n" + self.cluster.log_tails() + "\n")
-            self.cluster.close()
-        for h in self.hosts:
-            h.cleanup()
+        try:
+            if self.cluster is not None:
+                if self._failed():
+                    sys.stderr.write("\n" + self.cluster.log_tails() + "\n")
+                self.cluster.close()
+        finally:
+            for h in self.hosts:
+                h.cleanup()
 
     # -- the fleet --
 
-    def start_fleet(self, hosts, heartbeat_ms=None):
+    def start_fleet(self, hosts):
         """`hosts` network namespaces and an etcd cluster that listens on their
         gateways."""
         # Addresses follow the host index: one block of indexes per test

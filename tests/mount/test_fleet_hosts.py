@@ -530,6 +530,15 @@ class FleetRace(FleetHosts):
                     self.assertNotEqual(r["epoch"], other["epoch"])
         for epoch, holders in granted.items():
             self.assertEqual(len(holders), 1, f"epoch {epoch} granted to {holders}")
+        # What the agents served is what etcd granted: a tenure long enough
+        # for a read of the table to fall in it is in the table.
+        in_table = {(r["owner"], r["range"], r["epoch"]) for _, t in sampler.tables
+                    for r in t["rows"]}
+        for (name, rng, epoch), (first_at, last_at) in tenures:
+            if last_at - first_at > 1.0:
+                self.assertIn((f"host-{name}", rng, epoch), in_table,
+                              f"{name} served {rng} at epoch {epoch} for "
+                              f"{last_at - first_at:.1f} s and etcd never showed that row")
         self.assertGreaterEqual(last_epoch, len(first) + len(second) + len(third))
 
 

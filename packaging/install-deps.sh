@@ -14,6 +14,8 @@ packages=(
   fuse3
   # tests: real clients and servers the tests drive
   sqlite3 python3 redis-server etcd-server openssl
+  # tests: hosts as network namespaces (ip netns, veth pairs)
+  iproute2
   # fuzz targets (tests/fuzz): clang 14 and its runtimes (libclang_rt.fuzzer,
   # the sanitizers' clang runtimes)
   clang libclang-rt-14-dev

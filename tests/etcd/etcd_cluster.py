@@ -6,6 +6,11 @@ its own data directory under a temporary directory and ports picked free.
         cluster.kill(cluster.leader())
         cluster.restart(i)
 
+Members listen for clients on loopback, and with client_hosts=[address, ...]
+on those addresses too, at the same port (the test side of network-namespace
+hosts, tests/mount/netns.py): `cluster.url(prefix, endpoints=
+cluster.endpoints_at(host.gateway))` is the URL an agent in that host uses.
+
 Every member is started by the fixture and ended by close() (or leaving the
 `with` block), even when a test fails. Each member logs to member-N.log in
 the cluster's directory; failures print the tails.
@@ -104,7 +109,8 @@ class EtcdCluster:
     With tls=True the members serve clients over TLS only, and ask for a
     client certificate signed by the cluster's CA (self.certs names the files)."""
 
-    def __init__(self, size=3, token=None, tls=False):
+    def __init__(self, size=3, token=None, tls=False, client_hosts=()):
+        self.client_hosts = list(client_hosts)
         self.root = tempfile.mkdtemp(prefix="fleetfs-etcd-", dir="/tmp")
         self.members = [Member(self.root, i) for i in range(size)]
         self.token = token or os.path.basename(self.root)
@@ -124,18 +130,45 @@ class EtcdCluster:
     def __exit__(self, *exc):
         self.close()
 
-    def start(self, timeout=30):
-        for m in self.members:
-            self._launch(m, state="new")
-        self.started = True
-        self.wait_healthy(timeout)
+    def start(self, timeout=30, attempts=3):
+        # A port picked free can be taken by another process before the
+        # member binds it (other tests on the machine pick ports too): such a
+        # start is begun again on new ports, the members' data dirs fresh.
+        for attempt in range(attempts):
+            for m in self.members:
+                self._launch(m, state="new")
+            self.started = True
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except AssertionError:
+                if attempt + 1 == attempts or not self._port_taken():
+                    raise
+            for i, m in enumerate(self.members):
+                if m.running():
+                    m.proc.kill()
+                m.proc.wait(10)
+                shutil.rmtree(m.data_dir, ignore_errors=True)
+                os.rename(m.log_path, f"{m.log_path}.{attempt}")
+                self.members[i] = Member(self.root, i)
         return self
+
+    def _port_taken(self):
+        for m in self.members:
+            try:
+                with open(m.log_path, errors="replace") as f:
+                    if "address already in use" in f.read():
+                        return True
+            except OSError:
+                pass
+        return False
 
     def _launch(self, m, state):
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
         scheme = "https" if self.certs else "http"
+        listen = [m.endpoint] + [f"{a}:{m.client_port}" for a in self.client_hosts]
         argv = [ETCD, "--name", m.name, "--data-dir", m.data_dir,
-                "--listen-client-urls", f"{scheme}://{m.endpoint}",
+                "--listen-client-urls", ",".join(f"{scheme}://{e}" for e in listen),
                 "--advertise-client-urls", f"{scheme}://{m.endpoint}",
                 "--listen-peer-urls", m.peer_url,
                 "--initial-advertise-peer-urls", m.peer_url,
@@ -187,6 +220,13 @@ class EtcdCluster:
     @property
     def endpoints(self):
         return [m.endpoint for m in self.members]
+
+    def endpoints_at(self, address):
+        """Every member's client endpoint at `address`, one of client_hosts."""
+        if address not in self.client_hosts:
+            raise ValueError(f"{address} is not one of the cluster's client_hosts "
+                             f"{self.client_hosts}")
+        return [f"{address}:{m.client_port}" for m in self.members]
 
     def url(self, prefix, scheme=None, endpoints=None):
         scheme = scheme or ("etcds" if self.certs else "etcd")

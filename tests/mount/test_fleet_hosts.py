@@ -407,6 +407,9 @@ class Sampler:
                     if r["serving"]:
                         self.samples.append((a.name, r["range"], r["epoch"], at))
             self.sweeps += 1
+            # Not a spin: on 2 cores a spinning sampler starves the agents
+            # it watches and the thread that reads etcd's table.
+            self._stop.wait(0.005)
 
     def _tables(self):
         while not self._stop.is_set():
@@ -482,7 +485,12 @@ class FleetRace(FleetHosts):
             self.assertEqual(a.proc.wait(30), 0, a.log_tail())
         third = wait_settled([a for a in agents if a not in second],
                              "the race after the servers released to settle")
-        time.sleep(0.5)  # a few more samples of the settled table
+        # A few more samples of the settled table, and enough reads of etcd's
+        # for the table checks to mean something: a `lease ls` is slow under
+        # a sanitizer on a loaded machine (a run read 7 in the whole test).
+        reads = len(sampler.tables)
+        wait_for(lambda: len(sampler.tables) >= max(10, reads + 2), 120,
+                 "the sampler to read the etcd table 10 times", poll=0.1)
         sampler.stop()
 
         print(f"\nservers: {[a.name for a in first]} -> {[a.name for a in second]} -> "

@@ -360,5 +360,100 @@ TEST_F(EtcdClientTest, a_refusal_that_is_not_unavailable_is_not_retried) {
   EXPECT_EQ(calls_.size(), 1u);
 }
 
+
+// An answer that is not a well-formed gateway answer of the call, or an error
+// that is not etcd refusing the request itself: what a member behind a
+// broken proxy, a wrong port or a sick member gives.
+struct BadAnswer {
+  long status;
+  const char* body;
+};
+
+TEST_F(EtcdClientTest, an_answer_that_is_not_etcds_costs_a_retry_on_the_next_endpoint) {
+  const BadAnswer cases[] = {
+      {200, "<html>ok</html>"},
+      {200, R"({"kvs":"x"})"},
+      {404, "404 page not found"},
+      {404, "<html>Not Found</html>"},
+      {500, "<html>Internal Server Error</html>"},
+      {500, R"({"error":"etcdserver: internal","message":"etcdserver: internal","code":13})"},
+      {429, R"({"error":"etcdserver: too many requests","message":"etcdserver: too many requests","code":8})"},
+      {502, "Bad Gateway"},
+  };
+  for (const BadAnswer& bad : cases) {
+    calls_.clear();
+    EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+    script_->ThenAnswer(bad.body, bad.status);
+    script_->ThenAnswer(Body(R"(,"kvs":[{"key":"cA==","mod_revision":"3"}])"));
+    script_->ThenAnswer(Body(""));
+    const auto range = client.Range("p", "", In(Millis(1000)));
+    ASSERT_TRUE(range.ok()) << bad.status << " " << bad.body << " -> " << range.status().message();
+    EXPECT_EQ(range->kvs.at(0).mod_revision, 3);
+    ASSERT_EQ(calls_.size(), 2u) << bad.body;
+    EXPECT_EQ(calls_[1].endpoint, "10.0.0.2:2379");
+    // Only the member that answered well is asked first from now on.
+    EXPECT_EQ(client.preferred(), "10.0.0.2:2379") << bad.body;
+    ASSERT_TRUE(client.Range("p", "", In(Millis(1000))).ok());
+    EXPECT_EQ(calls_.at(2).endpoint, "10.0.0.2:2379") << bad.body;
+  }
+}
+
+TEST_F(EtcdClientTest, a_txn_whose_answer_was_mangled_is_sent_to_the_next_member) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->ThenAnswer("<html>ok</html>");
+  script_->ThenAnswer(Body(""));  // the comparisons failed there: the caller looks again
+  const auto txn = client.Txn(EtcdTxn{}, In(Millis(1000)));
+  ASSERT_TRUE(txn.ok()) << txn.status().message();
+  EXPECT_FALSE(txn->succeeded);
+  ASSERT_EQ(calls_.size(), 2u);
+  EXPECT_EQ(calls_[0].body, calls_[1].body);
+}
+
+TEST_F(EtcdClientTest, a_keepalive_stream_error_costs_a_retry_on_the_next_endpoint) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->ThenAnswer(R"({"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}})");
+  script_->ThenAnswer(std::string(R"({"result":{)") + kHeader + R"(,"ID":"42","TTL":"5"}})");
+  const auto kept = client.KeepAlive(42, In(Millis(1000)));
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(*kept, std::optional<std::int64_t>(5));
+  EXPECT_EQ(client.preferred(), "10.0.0.2:2379");
+}
+
+TEST_F(EtcdClientTest, when_every_member_answers_something_not_etcds_the_call_ends_at_once_naming_each) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  const MonoTime start = clock_.Now();
+  script_->Always([](const EtcdHttpCall&) -> Result<EtcdHttpAnswer> {
+    return EtcdHttpAnswer{200, "<html>captive portal</html>"};
+  });
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_FALSE(range.ok());
+  EXPECT_EQ(range.status().code(), Code::kDataLoss);
+  const std::string& message = range.status().message();
+  EXPECT_NE(message.find("10.0.0.1:2379"), std::string::npos) << message;
+  EXPECT_NE(message.find("10.0.0.2:2379"), std::string::npos) << message;
+  EXPECT_NE(message.find("not JSON"), std::string::npos) << message;
+  // Another round would get the same pages: none is asked twice.
+  EXPECT_EQ(calls_.size(), 2u);
+  EXPECT_EQ(clock_.Now(), start);
+  EXPECT_EQ(client.preferred(), "10.0.0.1:2379");
+}
+
+TEST_F(EtcdClientTest, etcds_refusals_of_the_request_itself_end_the_call_on_the_first_member) {
+  const std::pair<int, Code> cases[] = {{3, Code::kFailedPrecondition},
+                                        {5, Code::kNotFound},
+                                        {11, Code::kFailedPrecondition},
+                                        {7, Code::kFailedPrecondition}};
+  for (const auto& [grpc, code] : cases) {
+    calls_.clear();
+    EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+    script_->ThenAnswer(R"({"error":"etcdserver: x","message":"etcdserver: x","code":)" +
+                            std::to_string(grpc) + "}",
+                        400);
+    const Status revoked = client.Revoke(42, In(Millis(1000)));
+    EXPECT_EQ(revoked.code(), code) << grpc << ": " << revoked.message();
+    EXPECT_EQ(calls_.size(), 1u) << grpc;
+  }
+}
+
 }  // namespace
 }  // namespace fleetfs::lease

@@ -171,7 +171,11 @@ Result<std::optional<Grant>> EtcdStore::Extend(const StoredRow& row, Millis ttl,
   txn.success.push_back({EtcdOp::Kind::kPut, row.key, RowValue(row.row.owner, row.row.epoch, ttl),
                          lease.id});
   const Result<EtcdTxnResult> result = client_->Txn(txn, deadline);
-  if (!result.ok() || !result->succeeded) {
+  bool moved = result.ok() && result->succeeded;
+  if (result.ok() && !moved) {
+    FLEETFS_ASSIGN_OR_RETURN(moved, Landed(row.key, lease.id, deadline));
+  }
+  if (!moved) {
     (void)client_->Revoke(lease.id, deadline);
     if (!result.ok()) return result.status();
     return std::optional<Grant>();
@@ -180,20 +184,50 @@ Result<std::optional<Grant>> EtcdStore::Extend(const StoredRow& row, Millis ttl,
   return std::optional(Grant{row.row.range, row.row.epoch, now + lease.ttl_s * 1000, false});
 }
 
+Result<bool> EtcdStore::Landed(const std::string& key, std::int64_t lease, MonoTime deadline) {
+  FLEETFS_ASSIGN_OR_RETURN(const EtcdRange read, client_->Range(key, "", deadline));
+  return !read.kvs.empty() && read.kvs.front().key == key && read.kvs.front().lease == lease;
+}
+
 Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
                                   std::uint64_t floor) {
   const MonoTime deadline = mono_.Now() + ttl / 3;
+  // The last txn's comparisons failed: a rival's write, or this very txn,
+  // which a member carried out and whose answer was lost, so the client sent
+  // it again to the next member. The next read tells: the row on the txn's
+  // own lease (new, and used by that txn alone) is there or not.
+  struct Pending {
+    EtcdLease lease;  // id 0: none
+    Epoch epoch;
+  };
+  Pending pending;
   for (int races = 0;; ++races) {
     if (races > 0 && mono_.Now() >= deadline) {
+      if (pending.lease.id != 0) (void)client_->Revoke(pending.lease.id, deadline);
       return Status(Code::kDeadlineExceeded,
                     "claim of slot range " + range.ToString() + " on " + url_ + ": lost " +
                         std::to_string(races) +
                         " races to other claims and ran out of its time limit (ttl/3)");
     }
-    FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
+    Result<Snapshot> loaded = Load(deadline);
+    const WallMs now = wall_.NowMs();
+    if (pending.lease.id != 0) {
+      if (loaded.ok()) {
+        const std::string key = RowKey(range);
+        for (const StoredRow& row : loaded->rows) {
+          if (row.key == key && row.lease == pending.lease.id) {
+            return Decision(Grant{range, pending.epoch, now + pending.lease.ttl_s * 1000, true});
+          }
+        }
+      }
+      // Lost the race (or unknown: then the row goes with its lease).
+      (void)client_->Revoke(pending.lease.id, deadline);
+      pending = Pending{};
+    }
+    if (!loaded.ok()) return loaded.status();
+    Snapshot& snapshot = *loaded;
     FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table,
                              TableOf(snapshot.rows, snapshot.counter, url_));
-    const WallMs now = wall_.NowMs();
     OwnershipTable after = table;
     FLEETFS_ASSIGN_OR_RETURN(Decision decision, after.Claim(range, owner, now, ttl, floor));
     auto stored = [&](SlotRange bounds) -> const StoredRow* {
@@ -252,10 +286,14 @@ Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis 
     if (result.ok() && result->succeeded) {
       return Decision(Grant{range, grant.epoch, now + lease.ttl_s * 1000, true});
     }
-    // Lost the race, or no answer: the lease goes, and with it the row if the
-    // txn did land after all.
+    if (result.ok()) {
+      pending = Pending{lease, grant.epoch};
+      continue;
+    }
+    // No answer: the lease goes, and with it the row if the txn did land
+    // after all.
     (void)client_->Revoke(lease.id, deadline);
-    if (!result.ok()) return result.status();
+    return result.status();
   }
 }
 

@@ -19,7 +19,9 @@
 //   one txn that compares the mod_revision of each of them (an absent counter
 //   by create_revision 0), deletes the rows the table removed, and puts the
 //   new row (on a new lease) and the counter. A failed comparison is a lost
-//   race: its lease is revoked and the claim decides again, within its time.
+//   race (or this txn landed by a member whose answer was lost, then sent
+//   again: the row on the txn's own lease tells): its lease is revoked and
+//   the claim decides again, within its time.
 // - Release deletes its row by a txn on the row's mod_revision, then revokes
 //   the row's lease.
 // Wall times in rows and answers are this host's wall time plus the time
@@ -78,6 +80,13 @@ class EtcdStore final : public OwnershipStore {
   // keepalive, or a move to a longer lease when `ttl` is above the row's.
   // nullopt when the row or its lease is gone.
   Result<std::optional<Grant>> Extend(const StoredRow& row, Millis ttl, MonoTime deadline);
+
+  // Whether `key` holds a row put on `lease`. A txn whose comparisons failed
+  // may have landed all the same: the client sends a txn again to the next
+  // member when the first gives no good answer, and the first may have
+  // carried it out. `lease` is new and used by that one txn alone, so a row
+  // on it is that txn's.
+  Result<bool> Landed(const std::string& key, std::int64_t lease, MonoTime deadline);
 
   const std::unique_ptr<EtcdClient> client_;
   const std::string prefix_;

@@ -347,6 +347,72 @@ TEST_F(EtcdStoreTest, keys_of_a_longer_prefix_are_not_read) {
   EXPECT_TRUE(table->rows().empty());
 }
 
+// Two endpoints in front of one FakeEtcd; `mangle` may replace the answer the
+// first endpoint gives after the fake has carried the call out (a txn that
+// landed, whose answer a proxy garbled).
+class MangledFirstEndpoint final : public EtcdTransport {
+ public:
+  explicit MangledFirstEndpoint(FakeEtcd* etcd) : etcd_(etcd) {}
+  std::function<std::optional<EtcdHttpAnswer>(const EtcdHttpCall&)> mangle;
+  Result<EtcdHttpAnswer> Post(const EtcdHttpCall& call) override {
+    auto answer = etcd_->Post(call);
+    if (call.endpoint == "10.0.0.1:2379" && mangle) {
+      if (auto replaced = mangle(call)) return *replaced;
+    }
+    return answer;
+  }
+
+ private:
+  FakeEtcd* etcd_;
+};
+
+class EtcdStoreFailoverTest : public EtcdStoreTest {
+ protected:
+  EtcdStoreFailoverTest() {
+    auto transport = std::make_unique<MangledFirstEndpoint>(&fake_);
+    proxy_ = transport.get();
+    etcd_ = &fake_;
+    auto client = std::make_unique<EtcdClient>(
+        std::vector<std::string>{"10.0.0.1:2379", "10.0.0.2:2379"}, std::move(transport), mono_);
+    store_ = std::make_unique<EtcdStore>(std::move(client), "fleet/a", "etcd://10.0.0.1:2379/fleet/a",
+                                         wall_, mono_, EtcdStore::Options{});
+  }
+  FakeEtcd fake_;
+  MangledFirstEndpoint* proxy_ = nullptr;
+};
+
+TEST_F(EtcdStoreFailoverTest, a_claim_whose_txn_landed_but_whose_answer_was_lost_keeps_its_row_and_epoch) {
+  proxy_->mangle = [](const EtcdHttpCall& call) -> std::optional<EtcdHttpAnswer> {
+    if (call.path == "/v3/kv/txn") return EtcdHttpAnswer{200, "<html>ok</html>"};
+    return std::nullopt;
+  };
+  const Grant grant = AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_EQ(grant.epoch, Epoch(1));
+  EXPECT_TRUE(grant.fresh);
+  const auto row = etcd_->Get("fleet/a/rows/00000-00099");
+  ASSERT_TRUE(row) << "the row that landed was revoked away";
+  EXPECT_TRUE(etcd_->LeaseExists(row->lease));
+  EXPECT_EQ(nlohmann::json::parse(row->value)["epoch"], 1);
+  EXPECT_EQ(etcd_->Get("fleet/a/counter")->value, "1");
+}
+
+TEST_F(EtcdStoreFailoverTest, a_move_to_a_longer_lease_that_landed_but_whose_answer_was_lost_is_kept) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  const std::int64_t first = LeaseOf(Range(0, 99));
+  proxy_->mangle = [](const EtcdHttpCall& call) -> std::optional<EtcdHttpAnswer> {
+    if (call.path == "/v3/kv/txn") return EtcdHttpAnswer{500, "<html>oops</html>"};
+    return std::nullopt;
+  };
+  const Grant longer = AsGrant(store_->Renew(Range(0, 99), Owner("a"), Epoch(1), Millis(20'000)));
+  EXPECT_EQ(longer.epoch, Epoch(1));
+  EXPECT_EQ(longer.lease_expires_ms, kStart + 20'000);
+  const auto row = etcd_->Get("fleet/a/rows/00000-00099");
+  ASSERT_TRUE(row);
+  EXPECT_NE(row->lease, first);
+  EXPECT_TRUE(etcd_->LeaseExists(row->lease));
+  EXPECT_FALSE(etcd_->LeaseExists(first));
+}
+
 TEST(EtcdStoreUrl, names_endpoints_in_order_and_a_prefix) {
   const auto url = ParseStoreUrl("etcd://10.0.0.1:2379,etcd-b.example:2380,[::1]:2381/fleet/prod_1");
   ASSERT_TRUE(url.ok()) << url.status().message();

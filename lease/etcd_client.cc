@@ -16,7 +16,17 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::size_t kMaxAnswerBytes = 64u << 20;
+// The largest answer is a range of the whole table: a full one of 16384
+// one-slot rows is ~4 MiB (~11 MiB with a 128-byte prefix and 128-byte
+// owners). A larger answer is not one of ours, and holding it costs memory
+// the agent needs.
+constexpr std::size_t kMaxAnswerBytes = 16u << 20;
+
+// A gateway answer nests at most 4 deep ({"kvs":[{"key":...}]}, a keepalive's
+// {"result":{"header":{}}}); a full table is ~150k values. nlohmann spends
+// tens of bytes on a value and more on a level, so without these limits a
+// hostile 16 MiB answer costs gigabytes.
+constexpr JsonLimits kAnswerLimits{.max_depth = 8, .max_values = 1'000'000};
 
 // gRPC codes the gateway passes on in error answers.
 constexpr int kGrpcCanceled = 1;
@@ -48,14 +58,14 @@ class AnswerReader {
   }
 
   Result<Json> Parse(const std::string& body) const {
-    Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (json.is_discarded()) {
-      return DataLoss(where_ + "something that is not JSON ('" +
+    auto json = ParseBoundedJson(body, kAnswerLimits);
+    if (!json.ok()) {
+      return DataLoss(where_ + "something that " + json.status().message() + " ('" +
                       Printable(std::string_view(body).substr(0, 120)) +
                       "'); is it an etcd 3.4 client URL?");
     }
-    if (!json.is_object()) return Bad("(the answer)", "must be a JSON object");
-    return json;
+    if (!json->is_object()) return Bad("(the answer)", "must be a JSON object");
+    return std::move(*json);
   }
 
   // An object member that may be absent (null); a present one must be an object.
@@ -160,7 +170,13 @@ std::size_t Collect(char* data, std::size_t size, std::size_t count, void* user)
     sink->too_big = true;
     return 0;  // ends the transfer
   }
-  sink->body.append(data, n);
+  try {
+    sink->body.append(data, n);
+  } catch (const std::bad_alloc&) {
+    // No exception may cross libcurl's C frames.
+    sink->too_big = true;
+    return 0;
+  }
   return n;
 }
 
@@ -221,7 +237,9 @@ class CurlTransport final : public EtcdTransport {
     const std::string detail = error[0] != '\0' ? error : curl_easy_strerror(code);
     const std::string who = "etcd endpoint " + call.endpoint;
     if (sink.too_big) {
-      return DataLoss(who + " answered " + call.path + " with more than 64 MiB; refused");
+      return DataLoss(who + " answered " + call.path + " with more than " +
+                      std::to_string(kMaxAnswerBytes >> 20) +
+                      " MiB, more than a whole ownership table; refused");
     }
     if (code == CURLE_OPERATION_TIMEDOUT) {
       return Unavailable(who + " did not answer " + call.path + " within " +

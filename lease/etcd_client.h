@@ -71,7 +71,7 @@ struct EtcdTls {
   std::string key;
 };
 
-// libcurl, one easy handle per call. Answers are capped at 64 MiB.
+// libcurl, one easy handle per call. Answers are capped at 16 MiB.
 std::unique_ptr<EtcdTransport> MakeCurlTransport(EtcdTls tls);
 
 // Strict base64 (RFC 4648 with padding): nullopt for anything else.

@@ -2,9 +2,18 @@
 // hostile answers, and endpoint failover within a call's deadline.
 #include "lease/etcd_client.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <thread>
+
+#include <chrono>
 #include <deque>
+#include <new>
 #include <functional>
 
 #include "lease/test_support.h"
@@ -453,6 +462,131 @@ TEST_F(EtcdClientTest, etcds_refusals_of_the_request_itself_end_the_call_on_the_
     EXPECT_EQ(revoked.code(), code) << grpc << ": " << revoked.message();
     EXPECT_EQ(calls_.size(), 1u) << grpc;
   }
+}
+
+
+TEST_F(EtcdClientTest, an_answer_nested_deeper_than_the_gateways_is_refused_at_once_naming_the_rule) {
+  EtcdClient& client = Client();
+  script_->ThenAnswer(std::string(8u << 20, '['));
+  const auto started = std::chrono::steady_clock::now();
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  const auto spent = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(range.ok());
+  EXPECT_EQ(range.status().code(), Code::kDataLoss);
+  EXPECT_NE(range.status().message().find("nests deeper than 8 levels"), std::string::npos)
+      << range.status().message();
+  EXPECT_NE(range.status().message().find("10.0.0.1:2379"), std::string::npos);
+  // Refused at the ninth '[', not after building 8 Mi nested arrays.
+  EXPECT_LT(spent, std::chrono::seconds(1));
+}
+
+TEST_F(EtcdClientTest, an_answer_of_more_values_than_a_full_table_holds_is_refused_naming_the_rule) {
+  EtcdClient& client = Client();
+  std::string body = R"({"kvs":[)";
+  for (int i = 0; i < 1'000'001; ++i) body += i == 0 ? "{}" : ",{}";
+  body += "]}";
+  script_->ThenAnswer(body);
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_FALSE(range.ok());
+  EXPECT_EQ(range.status().code(), Code::kDataLoss);
+  EXPECT_NE(range.status().message().find("holds more than 1000000 values"), std::string::npos)
+      << range.status().message().substr(0, 300);
+}
+
+TEST_F(EtcdClientTest, an_error_answer_nested_deep_is_not_etcds_and_costs_the_endpoint) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->ThenAnswer(std::string(1u << 20, '['), 400);
+  script_->ThenAnswer(Body(""));
+  ASSERT_TRUE(client.Range("p/", "p0", In(Millis(1000))).ok());
+  EXPECT_EQ(calls_.size(), 2u);
+}
+
+TEST_F(EtcdClientTest, a_transport_that_throws_costs_the_endpoint_and_never_escapes) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->Then([](const EtcdHttpCall&) -> Result<EtcdHttpAnswer> { throw std::bad_alloc(); });
+  script_->ThenAnswer(Body(""));
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_TRUE(range.ok()) << range.status().message();
+  EXPECT_EQ(client.preferred(), "10.0.0.2:2379");
+}
+
+
+// A loopback HTTP server that answers each connection with `answer` (a whole
+// HTTP response) until it is destroyed; it counts the connections.
+class LoopbackHttp {
+ public:
+  explicit LoopbackHttp(std::string answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int conn = ::accept(fd_, nullptr, nullptr);
+        if (conn < 0) return;
+        ++connections_;
+        std::string request;
+        char buf[4096];
+        while (request.find("\r\n\r\n") == std::string::npos) {
+          const ssize_t n = ::recv(conn, buf, sizeof buf, 0);
+          if (n <= 0) break;
+          request.append(buf, static_cast<std::size_t>(n));
+        }
+        std::size_t sent = 0;
+        while (sent < answer_.size()) {
+          const ssize_t n = ::send(conn, answer_.data() + sent, answer_.size() - sent, MSG_NOSIGNAL);
+          if (n <= 0) break;
+          sent += static_cast<std::size_t>(n);
+        }
+        ::close(conn);
+      }
+    });
+  }
+  ~LoopbackHttp() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  int connections() const { return connections_.load(); }
+
+ private:
+  std::string answer_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+std::string HttpOk(const std::string& body) {
+  return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+TEST(CurlTransport, an_answer_larger_than_a_whole_table_is_refused_naming_the_cap) {
+  LoopbackHttp server(HttpOk(std::string((16u << 20) + 1, ' ')));
+  const auto transport = MakeCurlTransport({});
+  const auto answer = transport->Post({server.endpoint(), "/v3/kv/range", "{}", Millis(10'000)});
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().code(), Code::kDataLoss);
+  EXPECT_NE(answer.status().message().find("more than 16 MiB"), std::string::npos)
+      << answer.status().message();
+  EXPECT_NE(answer.status().message().find(server.endpoint()), std::string::npos);
+}
+
+TEST(CurlTransport, an_answer_within_the_cap_is_returned_whole) {
+  const std::string body = "{" + std::string(15u << 20, ' ') + "}";
+  LoopbackHttp server(HttpOk(body));
+  const auto transport = MakeCurlTransport({});
+  const auto answer = transport->Post({server.endpoint(), "/v3/kv/range", "{}", Millis(10'000)});
+  ASSERT_TRUE(answer.ok()) << answer.status().message();
+  EXPECT_EQ(answer->status, 200);
+  EXPECT_EQ(answer->body.size(), body.size());
 }
 
 }  // namespace

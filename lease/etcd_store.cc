@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "lease/bounded_json.h"
 #include "lease/lease_ttl.h"
 
 namespace fleetfs::lease {
@@ -79,8 +80,10 @@ std::string EtcdStore::RowKey(SlotRange range) const {
 
 Result<EtcdStore::StoredRow> EtcdStore::ParseRow(const EtcdKv& kv, SlotRange range) const {
   const std::string where = "etcd key '" + Printable(kv.key) + "' (an ownership row)";
-  const Json value = Json::parse(kv.value, nullptr, false);
-  if (value.is_discarded() || !value.is_object()) {
+  // A row is one flat object of three fields.
+  const auto parsed = ParseBoundedJson(kv.value, {.max_depth = 2, .max_values = 64});
+  const Json value = parsed.ok() ? *parsed : Json();
+  if (!parsed.ok() || !value.is_object()) {
     return DataLoss(where + ": its value is not a JSON object {owner, epoch, ttl_ms} ('" +
                     Printable(std::string_view(kv.value).substr(0, 80)) + "')");
   }
@@ -189,7 +192,7 @@ Result<bool> EtcdStore::Landed(const std::string& key, std::int64_t lease, MonoT
   return !read.kvs.empty() && read.kvs.front().key == key && read.kvs.front().lease == lease;
 }
 
-Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+Result<Decision> EtcdStore::DoClaim(SlotRange range, const OwnerId& owner, Millis ttl,
                                   std::uint64_t floor) {
   const MonoTime deadline = mono_.Now() + ttl / 3;
   // The last txn's comparisons failed: a rival's write, or this very txn,
@@ -297,7 +300,7 @@ Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis 
   }
 }
 
-Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
+Result<Decision> EtcdStore::DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
   const MonoTime deadline = mono_.Now() + ttl / 3;
   FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
   if (read.kvs.empty()) return Decision(Lost{range});
@@ -310,7 +313,7 @@ Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch e
   return Decision(*extended);
 }
 
-Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
+Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch) {
   const MonoTime deadline = mono_.Now() + options_.call_timeout;
   for (int races = 0;; ++races) {
     if (races > 0 && mono_.Now() >= deadline) {
@@ -335,7 +338,7 @@ Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epo
   }
 }
 
-Result<OwnershipTable> EtcdStore::Read() {
+Result<OwnershipTable> EtcdStore::DoRead() {
   const MonoTime deadline = mono_.Now() + options_.call_timeout;
   FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
   const WallMs now = wall_.NowMs();
@@ -346,6 +349,43 @@ Result<OwnershipTable> EtcdStore::Read() {
     row.row.lease_expires_ms = left ? now + *left * 1000 : now;
   }
   return TableOf(snapshot.rows, snapshot.counter, url_);
+}
+
+// No exception crosses the store's boundary (a worker thread that let one go
+// would end the agent): what nlohmann or the allocator throw becomes an error.
+namespace {
+
+template <typename T, typename F>
+Result<T> Contained(const std::string& what, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kUnavailable, what + ": out of memory");
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+                                  std::uint64_t floor) {
+  return Contained<Decision>("etcd store " + url_ + ": claim",
+                             [&] { return DoClaim(range, owner, ttl, floor); });
+}
+
+Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
+  return Contained<Decision>("etcd store " + url_ + ": renew",
+                             [&] { return DoRenew(range, owner, epoch, ttl); });
+}
+
+Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
+  return Contained<bool>("etcd store " + url_ + ": release",
+                         [&] { return DoRelease(range, owner, epoch); });
+}
+
+Result<OwnershipTable> EtcdStore::Read() {
+  return Contained<OwnershipTable>("etcd store " + url_ + ": read", [&] { return DoRead(); });
 }
 
 namespace {

@@ -74,6 +74,12 @@ class EtcdStore final : public OwnershipStore {
   struct Snapshot;   // rows and counter read at one revision
 
  private:
+  // The calls above, which may throw (nlohmann, the allocator); each public
+  // call wraps its own.
+  Result<Decision> DoClaim(SlotRange range, const OwnerId& owner, Millis ttl, std::uint64_t floor);
+  Result<Decision> DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl);
+  Result<bool> DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch);
+  Result<OwnershipTable> DoRead();
   Result<Snapshot> Load(MonoTime deadline);
   Result<StoredRow> ParseRow(const EtcdKv& kv, SlotRange range) const;
   // Keeps `row`'s lease alive for `ttl` (never shorter than it is): a

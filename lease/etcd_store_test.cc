@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "lease/fake_etcd.h"
 #include "lease/store_url.h"
 #include "lease/test_support.h"
@@ -326,6 +328,16 @@ TEST_F(EtcdStoreTest, a_corrupt_row_or_counter_is_data_loss_naming_the_key_and_f
     ASSERT_FALSE(claim.ok());
     EXPECT_EQ(claim.status().code(), Code::kDataLoss);
   }
+}
+
+TEST_F(EtcdStoreTest, a_row_value_nested_deep_is_data_loss_without_building_it) {
+  etcd_->Put("fleet/a/rows/00000-00099", std::string(4u << 20, '['), etcd_->GrantLease(9));
+  const auto started = std::chrono::steady_clock::now();
+  const auto table = store_->Read();
+  ASSERT_FALSE(table.ok());
+  EXPECT_EQ(table.status().code(), Code::kDataLoss);
+  EXPECT_NE(table.status().message().find("fleet/a/rows/00000-00099"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
 }
 
 TEST_F(EtcdStoreTest, overlapping_rows_are_data_loss) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 
 #include "lease/fake_etcd.h"
 #include "lease/store_url.h"
@@ -476,6 +478,42 @@ TEST(EtcdStoreUrl, tls_files_are_for_etcds_only_and_a_certificate_comes_with_its
   EXPECT_TRUE(CheckStoreTls(tls, {"/ca.pem", "/c.pem", "/k.pem"}).ok());
   EXPECT_NE(CheckStoreTls(tls, {"", "/c.pem", ""}).message().find("store_key"), std::string::npos);
   EXPECT_NE(CheckStoreTls(tls, {"ca.pem", "", ""}).message().find("absolute"), std::string::npos);
+}
+
+TEST(EtcdStoreUrl, a_tls_file_that_is_a_directory_or_a_key_under_a_passphrase_is_refused_naming_it) {
+  char dir_template[] = "/tmp/fleetfs-tls-XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  const std::string plain = dir + "/key.pem";
+  const std::string locked = dir + "/locked.pem";
+  const std::string old_style = dir + "/old.pem";
+  std::ofstream(plain) << "-----BEGIN PRIVATE KEY-----\nMC4CAQ==\n-----END PRIVATE KEY-----\n";
+  std::ofstream(locked) << "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMC4CAQ==\n"
+                           "-----END ENCRYPTED PRIVATE KEY-----\n";
+  std::ofstream(old_style) << "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"
+                              "DEK-Info: AES-256-CBC,00\n\nMC4CAQ==\n-----END RSA PRIVATE KEY-----\n";
+  EXPECT_TRUE(CheckStoreTlsFiles({plain, plain, plain}).ok());
+  const Status directory = CheckStoreTlsFiles({dir, "", ""});
+  EXPECT_EQ(directory.code(), Code::kInvalidArgument);
+  EXPECT_NE(directory.message().find("store_ca: " + dir + " is not a regular file"),
+            std::string::npos)
+      << directory.message();
+  for (const std::string& key : {locked, old_style}) {
+    const Status refused = CheckStoreTlsFiles({"", plain, key});
+    EXPECT_NE(refused.message().find("store_key: " + key + " is protected by a passphrase"),
+              std::string::npos)
+        << refused.message();
+  }
+  const Status missing = CheckStoreTlsFiles({"", dir + "/nope.pem", plain});
+  EXPECT_NE(missing.message().find("store_cert: " + dir + "/nope.pem: No such file"),
+            std::string::npos)
+      << missing.message();
+  // The store refuses them before any call.
+  SystemWallClock wall;
+  const auto store = OpenStore("etcds://127.0.0.1:1/p", wall, SqliteStore::Access::kExisting,
+                               {dir, "", ""});
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("not a regular file"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -29,6 +29,27 @@ def run(*args, timeout=60):
     return p.returncode, p.stdout, p.stderr, time.monotonic() - started
 
 
+def run_on_a_terminal(*args, timeout=60):
+    """`fleetfs ...` in a session of its own whose controlling terminal is a
+    fresh pseudo-terminal: (exit code, stdout, stderr, seconds)."""
+    import pty
+    master, slave = pty.openpty()
+    slave_name = os.ttyname(slave)
+    os.close(slave)
+
+    def take_terminal():
+        os.setsid()
+        os.close(os.open(slave_name, os.O_RDWR))  # a session leader's first tty is its own
+
+    started = time.monotonic()
+    try:
+        p = subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=take_terminal)
+    finally:
+        os.close(master)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - started
+
+
 def epoch_of(out):
     m = re.search(r"at epoch (\d+)", out)
     assert m, f"no epoch in {out!r}"
@@ -304,6 +325,28 @@ class EtcdStoreTest(unittest.TestCase):
             self.assertEqual(rc, 1, out + err)
             self.assertIn(f"etcd endpoint {secure.endpoints[0]}", err)
             self.assertIn("use etcds://", err)
+
+    def test_a_key_with_a_passphrase_or_a_directory_is_refused_at_once_naming_the_file(self):
+        with EtcdCluster(1, tls=True) as secure:
+            certs = secure.certs
+            url = secure.url("fleet/tls")
+            locked = os.path.join(secure.root, "locked_key.pem")
+            subprocess.run(["openssl", "pkey", "-in", certs["client_key"], "-aes256", "-passout",
+                            "pass:x", "-out", locked], check=True, capture_output=True)
+            # OpenSSL asks for a passphrase on /dev/tty: run on a terminal of
+            # its own, where a prompt would wait forever.
+            rc, out, err, took = run_on_a_terminal(
+                "lease", "ls", "--store", url, "--store-ca", certs["ca"], "--store-cert",
+                certs["client_cert"], "--store-key", locked, timeout=10)
+            self.assertNotEqual(rc, 0, out + err)
+            self.assertIn(locked, err)
+            self.assertIn("passphrase", err)
+            self.assertLess(took, 2.0 + SLACK_S)
+            rc, out, err, took = run("lease", "ls", "--store", url, "--store-ca", secure.root,
+                                     timeout=30)
+            self.assertEqual(rc, 2, out + err)
+            self.assertIn(f"store_ca: {secure.root}", err)
+            self.assertIn("not a regular file", err)
 
     # -- etcd's clock --
 

@@ -125,8 +125,11 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
       snapshot.counter_mod_revision = kv.mod_revision;
       continue;
     }
-    const std::string_view name =
-        kv.key.starts_with(rows_prefix) ? std::string_view(kv.key).substr(rows_prefix.size()) : "";
+    // Keys that are neither the counter nor under PREFIX/rows/ are not
+    // ours: a fleet at PREFIX/b shares the range read, and must not block
+    // this one (nor this one it).
+    if (!kv.key.starts_with(rows_prefix)) continue;
+    const std::string_view name = std::string_view(kv.key).substr(rows_prefix.size());
     // "AAAAA-BBBBB", zero-padded: the canonical key of a valid range.
     std::optional<SlotRange> bounds;
     if (name.size() == 11 && name[5] == '-') {
@@ -140,8 +143,8 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
     if (!bounds) {
       return DataLoss("etcd key '" + Printable(kv.key) + "' under the prefix '" + prefix_ +
                       "' is neither a row (" + rows_prefix +
-                      "AAAAA-BBBBB, a slot range in 0-16383) nor the counter; the prefix "
-                      "belongs to fleetfs alone");
+                      "AAAAA-BBBBB, a slot range in 0-16383) nor the counter; the keys under " +
+                      rows_prefix + " belong to this fleet alone");
     }
     FLEETFS_ASSIGN_OR_RETURN(StoredRow row, ParseRow(kv, *bounds));
     snapshot.rows.push_back(std::move(row));

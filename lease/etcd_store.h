@@ -6,6 +6,10 @@
 //                             range order); value {"owner","epoch","ttl_ms"};
 //                             attached to an etcd lease of its own
 //   PREFIX/counter            the highest epoch ever granted (decimal), no lease
+// Other keys under PREFIX/ are not this fleet's (a fleet at PREFIX/b keeps
+// its own there) and are ignored; a key under PREFIX/rows/ that is not a row
+// is DataLoss. (So a fleet's prefix should not end in "/rows": its keys would
+// sit among its parent fleet's rows.)
 //
 // Expiry is etcd's: a row whose etcd lease expired is gone, so every row
 // present is live, and no host's wall clock takes part in safety. Renewing a

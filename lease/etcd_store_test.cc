@@ -308,7 +308,7 @@ TEST_F(EtcdStoreTest, a_corrupt_row_or_counter_is_data_loss_naming_the_key_and_f
       {"fleet/a/rows/00099-00000", R"({"owner":"a","epoch":1,"ttl_ms":9000})", true, "neither a row"},
       {"fleet/a/rows/0-99", R"({"owner":"a","epoch":1,"ttl_ms":9000})", true, "neither a row"},
       {"fleet/a/rows/00000-16384", R"({"owner":"a","epoch":1,"ttl_ms":9000})", true, "neither a row"},
-      {"fleet/a/stray", "x", false, "neither a row"},
+      {"fleet/a/rows/stray", "x", false, "neither a row"},
       {"fleet/a/counter", "12x", false, "the epoch counter"},
       {"fleet/a/counter", "", false, "the epoch counter"},
       {"fleet/a/counter", "99999999999999999999", false, "the epoch counter"},
@@ -425,6 +425,22 @@ TEST_F(EtcdStoreFailoverTest, a_move_to_a_longer_lease_that_landed_but_whose_ans
   EXPECT_NE(row->lease, first);
   EXPECT_TRUE(etcd_->LeaseExists(row->lease));
   EXPECT_FALSE(etcd_->LeaseExists(first));
+}
+
+TEST_F(EtcdStoreTest, keys_of_a_fleet_nested_under_the_prefix_are_not_ours_and_are_left_alone) {
+  // The fleet at fleet/a/b, and something else's key beside it.
+  etcd_->Put("fleet/a/b/rows/00000-00099", R"({"owner":"z","epoch":7,"ttl_ms":9000})",
+             etcd_->GrantLease(9));
+  etcd_->Put("fleet/a/b/counter", "7");
+  etcd_->Put("fleet/a/notes", "not fleetfs");
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  EXPECT_TRUE(table->rows().empty());
+  EXPECT_EQ(table->last_epoch(), Epoch(0));
+  const Grant grant = AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_EQ(grant.epoch, Epoch(1));
+  EXPECT_EQ(etcd_->Get("fleet/a/b/counter")->value, "7");
+  EXPECT_TRUE(etcd_->Get("fleet/a/b/rows/00000-00099"));
 }
 
 TEST(EtcdStoreUrl, names_endpoints_in_order_and_a_prefix) {

@@ -348,6 +348,18 @@ class EtcdStoreTest(unittest.TestCase):
             self.assertIn(f"store_ca: {secure.root}", err)
             self.assertIn("not a regular file", err)
 
+    def test_a_fleet_nested_under_another_fleets_prefix_blocks_neither(self):
+        inner = self.cluster.url("fleet/test/b")
+        self.assertEqual(epoch_of(self.assertOk(self.claim("host-b", "0-99", url=inner),
+                                                "inner claim")), 1)
+        # The outer fleet's claim, ls and where ignore the inner fleet's keys.
+        self.assertEqual(epoch_of(self.assertOk(self.claim("host-a", "0-99"), "outer claim")), 1)
+        self.assertEqual([(r["range"], r["owner"]) for r in self.ls()["rows"]], [("0-99", "host-a")])
+        self.assertEqual([(r["range"], r["owner"]) for r in self.ls(url=inner)["rows"]],
+                         [("0-99", "host-b")])
+        rc, out, err, _ = run("where", "--json", "{user1000}.following", "--store", self.url)
+        self.assertEqual(rc, 6, out + err)  # slot 3443: not claimed in the outer fleet
+
     # -- etcd's clock --
 
     def test_a_row_whose_etcd_lease_expired_is_claimed_by_another_owner_at_a_higher_epoch(self):

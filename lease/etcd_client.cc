@@ -228,6 +228,11 @@ class CurlTransport final : public EtcdTransport {
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    // libcurl takes a proxy from http_proxy/https_proxy/all_proxy unless told
+    // otherwise; the members are reached directly, whatever the agent's
+    // environment says ("" turns the proxy off, "*" every no_proxy match on).
+    curl_easy_setopt(c, CURLOPT_PROXY, "");
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
     if (tls_.enabled) {
       if (!tls_.ca.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, tls_.ca.c_str());
       if (!tls_.cert.empty()) curl_easy_setopt(c, CURLOPT_SSLCERT, tls_.cert.c_str());

@@ -589,5 +589,24 @@ TEST(CurlTransport, an_answer_within_the_cap_is_returned_whole) {
   EXPECT_EQ(answer->body.size(), body.size());
 }
 
+TEST(CurlTransport, a_proxy_named_by_the_environment_is_never_used) {
+  LoopbackHttp server(HttpOk(Body("")));
+  // A port nothing listens on: a call through the proxy would be refused.
+  std::string proxy;
+  {
+    const LoopbackHttp gone("");
+    proxy = "http://" + gone.endpoint();
+  }
+  for (const char* name : {"http_proxy", "all_proxy", "ALL_PROXY"}) {
+    ::setenv(name, proxy.c_str(), 1);
+    const auto transport = MakeCurlTransport({});
+    const auto answer = transport->Post({server.endpoint(), "/v3/kv/range", "{}", Millis(5000)});
+    ::unsetenv(name);
+    ASSERT_TRUE(answer.ok()) << name << ": " << answer.status().message();
+    EXPECT_EQ(answer->status, 200);
+  }
+  EXPECT_EQ(server.connections(), 3);
+}
+
 }  // namespace
 }  // namespace fleetfs::lease

@@ -97,6 +97,15 @@ class AnswerReader {
     return value;
   }
 
+  // A lease TTL in seconds: absent is 0; negative is left to the caller.
+  Result<std::int64_t> Ttl(const Json& parent, const char* name, const std::string& field) const {
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, Int64(parent, name, field));
+    if (ttl > EtcdClient::kMaxLeaseTtlS) {
+      return Bad(field, std::to_string(ttl) + " s is beyond any lease (10 years)");
+    }
+    return ttl;
+  }
+
   // Absent is false.
   Result<bool> Bool(const Json& parent, const char* name, const std::string& field) const {
     const auto it = parent.find(name);
@@ -609,7 +618,7 @@ Result<EtcdLease> EtcdClient::Grant(std::int64_t ttl_s, MonoTime deadline) {
                         Printable(error->get_ref<const std::string&>().substr(0, 300)));
     }
     FLEETFS_ASSIGN_OR_RETURN(lease.id, read.Int64(json, "ID", "ID"));
-    FLEETFS_ASSIGN_OR_RETURN(lease.ttl_s, read.Int64(json, "TTL", "TTL"));
+    FLEETFS_ASSIGN_OR_RETURN(lease.ttl_s, read.Ttl(json, "TTL", "TTL"));
     if (lease.id == 0) return read.Bad("ID", "a granted lease has an id");
     if (lease.ttl_s < ttl_s) {
       return read.Bad("TTL", std::to_string(lease.ttl_s) + " s is shorter than the " +
@@ -642,7 +651,7 @@ Result<std::optional<std::int64_t>> EtcdClient::KeepAlive(std::int64_t lease, Mo
     FLEETFS_ASSIGN_OR_RETURN(const Json* result, read.Object(json, "result", "result"));
     if (result == nullptr) return read.Bad("result", "a keepalive answer has one");
     FLEETFS_ASSIGN_OR_RETURN(const std::int64_t id, read.Int64(*result, "ID", "result.ID"));
-    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Int64(*result, "TTL", "result.TTL"));
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Ttl(*result, "TTL", "result.TTL"));
     if (id != lease) {
       return read.Bad("result.ID", "lease " + std::to_string(id) +
                                        " is not the lease kept alive (" + std::to_string(lease) +
@@ -674,7 +683,7 @@ Result<std::optional<std::int64_t>> EtcdClient::TimeToLive(std::int64_t lease, M
                                [&](const std::string& endpoint, const std::string& body) -> Status {
     const AnswerReader read(endpoint, kPath);
     FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
-    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Int64(json, "TTL", "TTL"));
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Ttl(json, "TTL", "TTL"));
     left = ttl < 0 ? std::nullopt : std::optional<std::int64_t>(ttl);
     return Status::Ok();
   }));

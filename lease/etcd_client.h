@@ -133,6 +133,11 @@ class EtcdClient {
   EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<EtcdTransport> transport,
              const MonotonicClock& clock, Sleep sleep = nullptr);
 
+  // The longest lease TTL an answer may give: fleetfs asks for an hour at
+  // most, and a wall time of now + TTL must not overflow. More is a
+  // malformed answer.
+  static constexpr std::int64_t kMaxLeaseTtlS = 10LL * 365 * 24 * 3600;
+
   // The pause between two rounds over the endpoints.
   static constexpr Millis kRoundPause{50};
 

@@ -511,6 +511,31 @@ TEST_F(EtcdClientTest, a_transport_that_throws_costs_the_endpoint_and_never_esca
 }
 
 
+TEST_F(EtcdClientTest, a_lease_ttl_beyond_ten_years_is_a_malformed_answer) {
+  EtcdClient& client = Client();
+  const std::string huge = "9223372036854775807";
+  script_->ThenAnswer(R"({"ID":"5","TTL":")" + huge + R"("})");
+  const auto granted = client.Grant(5, In(Millis(1000)));
+  ASSERT_FALSE(granted.ok());
+  EXPECT_EQ(granted.status().code(), Code::kDataLoss);
+  EXPECT_NE(granted.status().message().find("'TTL'"), std::string::npos) << granted.status().message();
+  EXPECT_NE(granted.status().message().find("10 years"), std::string::npos);
+
+  script_->ThenAnswer(R"({"result":{"ID":"42","TTL":")" + huge + R"("}})");
+  const auto kept = client.KeepAlive(42, In(Millis(1000)));
+  ASSERT_FALSE(kept.ok());
+  EXPECT_NE(kept.status().message().find("'result.TTL'"), std::string::npos) << kept.status().message();
+
+  script_->ThenAnswer(R"({"ID":"42","TTL":")" + std::to_string(EtcdClient::kMaxLeaseTtlS + 1) +
+                      R"("})");
+  const auto left = client.TimeToLive(42, In(Millis(1000)));
+  ASSERT_FALSE(left.ok());
+  EXPECT_NE(left.status().message().find("'TTL'"), std::string::npos) << left.status().message();
+
+  script_->ThenAnswer(R"({"ID":"42","TTL":")" + std::to_string(EtcdClient::kMaxLeaseTtlS) + R"("})");
+  EXPECT_EQ(*client.TimeToLive(42, In(Millis(1000))), EtcdClient::kMaxLeaseTtlS);
+}
+
 // A loopback HTTP server that answers each connection with `answer` (a whole
 // HTTP response) until it is destroyed; it counts the connections.
 class LoopbackHttp {

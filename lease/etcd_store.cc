@@ -190,6 +190,21 @@ Result<std::optional<Grant>> EtcdStore::Extend(const StoredRow& row, Millis ttl,
   return std::optional(Grant{row.row.range, row.row.epoch, now + lease.ttl_s * 1000, false});
 }
 
+Result<std::optional<EtcdStore::StoredRow>> EtcdStore::ReadRow(SlotRange range,
+                                                               MonoTime deadline) {
+  const std::string key = RowKey(range);
+  FLEETFS_ASSIGN_OR_RETURN(const EtcdRange read, client_->Range(key, "", deadline));
+  if (read.kvs.empty()) return std::optional<StoredRow>();
+  if (read.kvs.size() != 1 || read.kvs.front().key != key) {
+    return DataLoss("etcd store " + url_ + ": the read of row '" + key + "' was answered with " +
+                    std::to_string(read.kvs.size()) + " key(s), the first '" +
+                    Printable(read.kvs.front().key.substr(0, 200)) +
+                    "'; a read of one key answers that key or nothing");
+  }
+  FLEETFS_ASSIGN_OR_RETURN(StoredRow row, ParseRow(read.kvs.front(), range));
+  return std::optional<StoredRow>(std::move(row));
+}
+
 Result<bool> EtcdStore::Landed(const std::string& key, std::int64_t lease, MonoTime deadline) {
   FLEETFS_ASSIGN_OR_RETURN(const EtcdRange read, client_->Range(key, "", deadline));
   return !read.kvs.empty() && read.kvs.front().key == key && read.kvs.front().lease == lease;
@@ -305,9 +320,9 @@ Result<Decision> EtcdStore::DoClaim(SlotRange range, const OwnerId& owner, Milli
 
 Result<Decision> EtcdStore::DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
   const MonoTime deadline = mono_.Now() + ttl / 3;
-  FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
-  if (read.kvs.empty()) return Decision(Lost{range});
-  FLEETFS_ASSIGN_OR_RETURN(const StoredRow row, ParseRow(read.kvs.front(), range));
+  FLEETFS_ASSIGN_OR_RETURN(const std::optional<StoredRow> read, ReadRow(range, deadline));
+  if (!read) return Decision(Lost{range});
+  const StoredRow& row = *read;
   FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table, TableOf({row}, 0, url_));
   const Decision decision = table.Renew(range, owner, epoch, wall_.NowMs(), ttl);
   if (!std::holds_alternative<Grant>(decision)) return decision;
@@ -324,9 +339,9 @@ Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch e
                                                  url_ + ": its row kept changing until the time "
                                                  "limit");
     }
-    FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
-    if (read.kvs.empty()) return false;
-    FLEETFS_ASSIGN_OR_RETURN(const StoredRow row, ParseRow(read.kvs.front(), range));
+    FLEETFS_ASSIGN_OR_RETURN(const std::optional<StoredRow> read, ReadRow(range, deadline));
+    if (!read) return false;
+    const StoredRow& row = *read;
     FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table, TableOf({row}, 0, url_));
     if (!table.Release(range, owner, epoch, wall_.NowMs())) return false;
     EtcdTxn txn;

@@ -86,6 +86,9 @@ class EtcdStore final : public OwnershipStore {
   Result<OwnershipTable> DoRead();
   Result<Snapshot> Load(MonoTime deadline);
   Result<StoredRow> ParseRow(const EtcdKv& kv, SlotRange range) const;
+  // The row of `range` alone, nullopt when there is none; DataLoss when the
+  // answer holds any other key.
+  Result<std::optional<StoredRow>> ReadRow(SlotRange range, MonoTime deadline);
   // Keeps `row`'s lease alive for `ttl` (never shorter than it is): a
   // keepalive, or a move to a longer lease when `ttl` is above the row's.
   // nullopt when the row or its lease is gone.

@@ -443,6 +443,29 @@ TEST_F(EtcdStoreTest, keys_of_a_fleet_nested_under_the_prefix_are_not_ours_and_a
   EXPECT_TRUE(etcd_->Get("fleet/a/b/rows/00000-00099"));
 }
 
+TEST_F(EtcdStoreFailoverTest, a_row_read_back_under_another_key_is_data_loss) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  const auto row = etcd_->Get("fleet/a/rows/00000-00099");
+  etcd_->Put("fleet/a/decoy", row->value, row->lease);
+  // The member answers the read of the row with another key's value.
+  proxy_->mangle = [this](const EtcdHttpCall& call) -> std::optional<EtcdHttpAnswer> {
+    const auto request = nlohmann::json::parse(call.body);
+    if (call.path != "/v3/kv/range" || request.contains("range_end")) return std::nullopt;
+    EtcdHttpCall other = call;
+    other.body = nlohmann::json{{"key", Base64Encode("fleet/a/decoy")}}.dump();
+    return *fake_.Post(other);
+  };
+  const auto renewed = store_->Renew(Range(0, 99), Owner("a"), Epoch(1), kTtl);
+  ASSERT_FALSE(renewed.ok()) << DescribeDecision(*renewed);
+  EXPECT_EQ(renewed.status().code(), Code::kDataLoss);
+  EXPECT_NE(renewed.status().message().find("fleet/a/decoy"), std::string::npos)
+      << renewed.status().message();
+  const auto released = store_->Release(Range(0, 99), Owner("a"), Epoch(1));
+  ASSERT_FALSE(released.ok());
+  EXPECT_EQ(released.status().code(), Code::kDataLoss);
+  EXPECT_TRUE(etcd_->Get("fleet/a/rows/00000-00099"));
+}
+
 TEST(EtcdStoreUrl, names_endpoints_in_order_and_a_prefix) {
   const auto url = ParseStoreUrl("etcd://10.0.0.1:2379,etcd-b.example:2380,[::1]:2381/fleet/prod_1");
   ASSERT_TRUE(url.ok()) << url.status().message();

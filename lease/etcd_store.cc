@@ -1,8 +1,12 @@
 #include "lease/etcd_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstdio>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "lease/bounded_json.h"
@@ -356,21 +360,73 @@ Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch e
   }
 }
 
+Status EtcdStore::FillExpiries(const std::vector<StoredRow*>& rows, MonoTime deadline) {
+  const WallMs now = wall_.NowMs();
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  Status failure;  // guarded by mu: the first failure
+  auto fail = [&](Status why) {
+    std::lock_guard lock(mu);
+    if (failure.ok()) failure = std::move(why);
+    stop = true;
+  };
+  auto work = [&] {
+    try {
+      while (!stop) {
+        const std::size_t i = next++;
+        if (i >= rows.size()) return;
+        const Result<std::optional<std::int64_t>> left =
+            client_->TimeToLive(rows[i]->lease, deadline);
+        if (!left.ok()) return fail(left.status());
+        // A lease gone since the read: the row has lapsed (etcd removes it).
+        rows[i]->row.lease_expires_ms = *left ? now + **left * 1000 : now;
+      }
+    } catch (const std::exception& e) {
+      fail(Status(Code::kInternal, "etcd store " + url_ + ": reading a lease's time left: " +
+                                       e.what()));
+    }
+  };
+  std::vector<std::thread> helpers;
+  const std::size_t workers = std::min(kTtlWorkers, rows.size());
+  for (std::size_t k = 1; k < workers; ++k) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // fewer threads: slower, not wrong
+    }
+  }
+  work();  // this thread is a worker too
+  for (std::thread& helper : helpers) helper.join();
+  return failure;
+}
+
 Result<OwnershipTable> EtcdStore::DoRead() {
   const MonoTime deadline = mono_.Now() + options_.call_timeout;
   FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
-  const WallMs now = wall_.NowMs();
-  for (StoredRow& row : snapshot.rows) {
-    FLEETFS_ASSIGN_OR_RETURN(const std::optional<std::int64_t> left,
-                             client_->TimeToLive(row.lease, deadline));
-    // A lease gone since the read: the row has lapsed (etcd removes it).
-    row.row.lease_expires_ms = left ? now + *left * 1000 : now;
-  }
+  std::vector<StoredRow*> rows;
+  rows.reserve(snapshot.rows.size());
+  for (StoredRow& row : snapshot.rows) rows.push_back(&row);
+  FLEETFS_RETURN_IF_ERROR(FillExpiries(rows, deadline));
   return TableOf(snapshot.rows, snapshot.counter, url_);
 }
 
-// No exception crosses the store's boundary (a worker thread that let one go
-// would end the agent): what nlohmann or the allocator throw becomes an error.
+Result<OwnershipTable> EtcdStore::DoReadSlots(const std::vector<Slot>& slots) {
+  const MonoTime deadline = mono_.Now() + options_.call_timeout;
+  FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
+  std::vector<StoredRow> held;
+  for (StoredRow& row : snapshot.rows) {
+    if (std::any_of(slots.begin(), slots.end(),
+                    [&](Slot slot) { return row.row.range.Contains(slot); })) {
+      held.push_back(std::move(row));
+    }
+  }
+  std::vector<StoredRow*> rows;
+  for (StoredRow& row : held) rows.push_back(&row);
+  FLEETFS_RETURN_IF_ERROR(FillExpiries(rows, deadline));
+  return TableOf(held, snapshot.counter, url_);
+}
+
 namespace {
 
 template <typename T, typename F>
@@ -404,6 +460,11 @@ Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epo
 
 Result<OwnershipTable> EtcdStore::Read() {
   return Contained<OwnershipTable>("etcd store " + url_ + ": read", [&] { return DoRead(); });
+}
+
+Result<OwnershipTable> EtcdStore::ReadSlots(const std::vector<Slot>& slots) {
+  return Contained<OwnershipTable>("etcd store " + url_ + ": read",
+                                   [&] { return DoReadSlots(slots); });
 }
 
 namespace {

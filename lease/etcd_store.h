@@ -31,8 +31,8 @@
 // Wall times in rows and answers are this host's wall time plus the time
 // etcd says a lease has left: for display only.
 //
-// Time limits: Claim and Renew get ttl/3 (the refresher's limit); Release
-// and Read get Options::call_timeout.
+// Time limits: Claim and Renew get ttl/3 (the refresher's limit); Release,
+// Read and ReadSlots get Options::call_timeout.
 //
 // Thread-safety: all calls are safe from any thread.
 #pragma once
@@ -63,6 +63,13 @@ class EtcdStore final : public OwnershipStore {
                          Millis ttl) override;
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
   Result<OwnershipTable> Read() override;
+  // Every row is loaded, but etcd is asked the time left only of the rows
+  // that hold `slots`; the table holds those rows and the counter.
+  Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) override;
+
+  // How many lease timetolive calls a read has in flight at once: one call
+  // per row, and a table may have 16384 rows.
+  static constexpr std::size_t kTtlWorkers = 16;
   WallMs NowMs() const override { return wall_.NowMs(); }
   // Rows are already in this host's wall frame (its now + what etcd says a
   // lease has left), so nothing to convert; etcd alone decides expiry.
@@ -84,6 +91,11 @@ class EtcdStore final : public OwnershipStore {
   Result<Decision> DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl);
   Result<bool> DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch);
   Result<OwnershipTable> DoRead();
+  Result<OwnershipTable> DoReadSlots(const std::vector<Slot>& slots);
+  // Sets each row's expiry from the time etcd says its lease has left, with
+  // up to kTtlWorkers calls at once, all within `deadline`. The first
+  // failure ends it.
+  Status FillExpiries(const std::vector<StoredRow*>& rows, MonoTime deadline);
   Result<Snapshot> Load(MonoTime deadline);
   Result<StoredRow> ParseRow(const EtcdKv& kv, SlotRange range) const;
   // The row of `range` alone, nullopt when there is none; DataLoss when the

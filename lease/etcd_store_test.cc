@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 
@@ -267,6 +270,45 @@ TEST_F(EtcdStoreTest, read_gives_rows_with_the_time_etcd_says_they_have_left_and
   EXPECT_EQ(table->rows()[0].lease_expires_ms, kStart + 500 + 9000);
   EXPECT_EQ(table->rows()[1].lease_expires_ms, kStart + 500 + 3000);
   EXPECT_EQ(table->last_epoch(), Epoch(2));
+}
+
+TEST_F(EtcdStoreTest, read_slots_asks_etcd_the_time_left_only_of_the_rows_that_hold_them) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  AsGrant(store_->Claim(Range(100, 199), Owner("b"), Millis(3000), 0));
+  AsGrant(store_->Claim(Range(200, 299), Owner("c"), kTtl, 0));
+  const std::int64_t b_lease = LeaseOf(Range(100, 199));
+  etcd_->ClearSeen();
+  const auto table = store_->ReadSlots({150, 155, 5000});
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 1u);
+  EXPECT_EQ(table->rows()[0].owner, Owner("b"));
+  EXPECT_EQ(table->rows()[0].lease_expires_ms, kStart + 3000);
+  EXPECT_EQ(table->last_epoch(), Epoch(3));
+  const auto seen = etcd_->seen();
+  ASSERT_EQ(Paths(), (std::vector<std::string>{"/v3/kv/range", "/v3/lease/timetolive"}));
+  EXPECT_EQ(seen[1].request["ID"], std::to_string(b_lease));
+}
+
+TEST_F(EtcdStoreTest, read_asks_the_time_left_of_many_rows_at_once) {
+  for (int i = 0; i < 40; ++i) AsGrant(store_->Claim(Range(i, i), Owner("a"), kTtl, 0));
+  std::mutex mu;
+  std::condition_variable met;
+  int in_flight = 0;
+  int most = 0;
+  etcd_->before = [&](const std::string& path) {
+    if (path != "/v3/lease/timetolive") return;
+    std::unique_lock lock(mu);
+    most = std::max(most, ++in_flight);
+    met.notify_all();
+    // Serial calls would never meet: the wait ends by its limit, most stays 1.
+    met.wait_for(lock, std::chrono::seconds(2), [&] { return most >= 4; });
+    --in_flight;
+  };
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 40u);
+  for (const auto& row : table->rows()) EXPECT_EQ(row.lease_expires_ms, kStart + 9000);
+  EXPECT_GE(most, 4);
 }
 
 TEST_F(EtcdStoreTest, the_counter_never_goes_down) {

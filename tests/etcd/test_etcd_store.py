@@ -360,6 +360,37 @@ class EtcdStoreTest(unittest.TestCase):
         rc, out, err, _ = run("where", "--json", "{user1000}.following", "--store", self.url)
         self.assertEqual(rc, 6, out + err)  # slot 3443: not claimed in the outer fleet
 
+    def test_where_and_ls_on_a_table_of_thousands_of_rows_answer_within_their_limit(self):
+        import base64
+        from etcd_cluster import post
+
+        def b64(text):
+            return base64.b64encode(text.encode()).decode()
+        endpoint = self.cluster.endpoints[0]
+        lease = post(endpoint, "/v3/lease/grant", {"TTL": "120"})["ID"]
+        rows = 4000
+        # One-slot rows 0..3999 owned by host-x, put 125 to a txn (etcd allows 128 operations).
+        for start in range(0, rows, 125):
+            puts = [{"request_put": {
+                "key": b64(f"fleet/test/rows/{i:05d}-{i:05d}"),
+                "value": b64(json.dumps({"owner": "host-x", "epoch": i + 1, "ttl_ms": 60000})),
+                "lease": lease}} for i in range(start, min(start + 125, rows))]
+            self.assertIsNotNone(post(endpoint, "/v3/kv/txn", {"success": puts}, timeout=10))
+        post(endpoint, "/v3/kv/put", {"key": b64("fleet/test/counter"), "value": b64(str(rows))})
+        # {user1000}.following is slot 3443.
+        rc, out, err, took = run("where", "--json", "{user1000}.following", "--store", self.url)
+        self.assertEqual(rc, 0, out + err)
+        key = json.loads(out)["keys"][0]
+        self.assertEqual((key["slot"], key["owner"], key["epoch"], key["served"]),
+                         (3443, "host-x", 3444, True))
+        self.assertLess(took, 1.0 + SLACK_S)
+        rc, out, err, took = self.lease("ls", "--json")
+        self.assertEqual(rc, 0, out + err)
+        table = json.loads(out)
+        self.assertEqual(len(table["rows"]), rows)
+        self.assertFalse(any(r["lapsed"] for r in table["rows"]))
+        self.assertEqual(table["last_epoch"], rows)
+
     # -- etcd's clock --
 
     def test_a_row_whose_etcd_lease_expired_is_claimed_by_another_owner_at_a_higher_epoch(self):

@@ -224,6 +224,35 @@ class EtcdStoreTest(unittest.TestCase):
         url = self.cluster.url("fleet/test", endpoints=[dead] + self.cluster.endpoints[1:])
         self.assertEqual(self.ls(url=url)["rows"][0]["owner"], "host-a")
 
+    def test_a_first_endpoint_that_answers_but_not_as_etcd_costs_one_retry(self):
+        import http.server
+        import threading
+        for status, body in ((200, b"<html>ok</html>"), (404, b"404 page not found"),
+                             (500, b"<html>Internal Server Error</html>")):
+            class NotEtcd(http.server.BaseHTTPRequestHandler):
+                def do_POST(self):
+                    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+                def log_message(self, *args):
+                    pass
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotEtcd)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            try:
+                fake = f"127.0.0.1:{server.server_address[1]}"
+                url = self.cluster.url("fleet/test", endpoints=[fake] + self.cluster.endpoints)
+                rc, out, err, took = self.claim("host-a", "0-99", url=url)
+                self.assertEqual(rc, 0, f"HTTP {status}: {out}{err}")
+                rc, out, err, _ = self.lease("ls", url=url)
+                self.assertEqual(rc, 0, f"HTTP {status}: {out}{err}")
+                self.assertLess(took, 1.0 + SLACK_S)
+            finally:
+                server.shutdown()
+                server.server_close()
+
     def test_killing_the_leader_keeps_renewals_working_through_the_quorum(self):
         # ttl 9 s: each renewal has 3 s, more than an election takes.
         epoch = epoch_of(self.assertOk(self.claim("host-a", "0-99", ttl="9s"), "claim"))

@@ -308,7 +308,10 @@ int RunWhere(const std::vector<std::string>& keys, const LeaseArgs& args, std::o
   auto store =
       lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting, checked->tls);
   if (!store.ok()) return Fail(err, store.status());
-  auto table = (*store)->Read();
+  std::vector<Slot> slots;
+  for (const std::string& key : keys) slots.push_back(KeySlot(key));
+  // Only the rows that hold these slots: on etcd each row's expiry is a call.
+  auto table = (*store)->ReadSlots(slots);
   if (!table.ok()) return Fail(err, table.status());
   const WallMs now = (*store)->NowMs();
   bool all_served = true;

@@ -188,14 +188,8 @@ Status CheckStoreFile(const std::string& url, const lease::StoreTls& tls) {
   if (!parsed.ok()) return parsed.status().WithContext("store");
   FLEETFS_RETURN_IF_ERROR(lease::CheckStoreTls(*parsed, tls));
   if (parsed->is_etcd()) {
-    // The cluster is reached at start; the TLS files must be readable now.
-    for (const auto& [key, file] : {std::pair{"store_ca", &tls.ca}, std::pair{"store_cert", &tls.cert},
-                                    std::pair{"store_key", &tls.key}}) {
-      if (!file->empty() && ::access(file->c_str(), R_OK) != 0) {
-        return KeyError(key, *file + ": " + std::strerror(errno));
-      }
-    }
-    return Status::Ok();
+    // The cluster is reached at start; the TLS files must be usable now.
+    return lease::CheckStoreTlsFiles(tls);
   }
   const std::string& path = parsed->path;
   const std::string dir = path.substr(0, std::max<std::size_t>(path.rfind('/'), 1));

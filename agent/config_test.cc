@@ -99,6 +99,9 @@ TEST_F(ConfigTest, tls_files_that_do_not_fit_the_store_are_refused_naming_the_ke
   in.store_ca = dir_.path().string() + "/missing.pem";
   EXPECT_NE(Error(in).find("store_ca: " + dir_.path().string() + "/missing.pem: No such file"),
             std::string::npos);
+  in.store_ca = dir_.path().string();  // a directory passes access(R_OK)
+  EXPECT_NE(Error(in).find("store_ca: " + dir_.path().string() + " is not a regular file"),
+            std::string::npos);
   in = Input();
   in.store_ca = "relative.pem";
   EXPECT_NE(Error(in).find("store_ca: 'relative.pem' must be an absolute path"), std::string::npos);

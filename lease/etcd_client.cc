@@ -8,6 +8,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "lease/bounded_json.h"
 #include "lease/owner_id.h"
 
 namespace fleetfs::lease {
@@ -15,7 +16,17 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::size_t kMaxAnswerBytes = 64u << 20;
+// The largest answer is a range of the whole table: a full one of 16384
+// one-slot rows is ~4 MiB (~11 MiB with a 128-byte prefix and 128-byte
+// owners). A larger answer is not one of ours, and holding it costs memory
+// the agent needs.
+constexpr std::size_t kMaxAnswerBytes = 16u << 20;
+
+// A gateway answer nests at most 4 deep ({"kvs":[{"key":...}]}, a keepalive's
+// {"result":{"header":{}}}); a full table is ~150k values. nlohmann spends
+// tens of bytes on a value and more on a level, so without these limits a
+// hostile 16 MiB answer costs gigabytes.
+constexpr JsonLimits kAnswerLimits{.max_depth = 8, .max_values = 1'000'000};
 
 // gRPC codes the gateway passes on in error answers.
 constexpr int kGrpcCanceled = 1;
@@ -47,14 +58,14 @@ class AnswerReader {
   }
 
   Result<Json> Parse(const std::string& body) const {
-    Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (json.is_discarded()) {
-      return DataLoss(where_ + "something that is not JSON ('" +
+    auto json = ParseBoundedJson(body, kAnswerLimits);
+    if (!json.ok()) {
+      return DataLoss(where_ + "something that " + json.status().message() + " ('" +
                       Printable(std::string_view(body).substr(0, 120)) +
                       "'); is it an etcd 3.4 client URL?");
     }
-    if (!json.is_object()) return Bad("(the answer)", "must be a JSON object");
-    return json;
+    if (!json->is_object()) return Bad("(the answer)", "must be a JSON object");
+    return std::move(*json);
   }
 
   // An object member that may be absent (null); a present one must be an object.
@@ -84,6 +95,15 @@ class AnswerReader {
       return Bad(field, "'" + Printable(text.substr(0, 40)) + "' is not a 64-bit integer");
     }
     return value;
+  }
+
+  // A lease TTL in seconds: absent is 0; negative is left to the caller.
+  Result<std::int64_t> Ttl(const Json& parent, const char* name, const std::string& field) const {
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, Int64(parent, name, field));
+    if (ttl > EtcdClient::kMaxLeaseTtlS) {
+      return Bad(field, std::to_string(ttl) + " s is beyond any lease (10 years)");
+    }
+    return ttl;
   }
 
   // Absent is false.
@@ -159,7 +179,13 @@ std::size_t Collect(char* data, std::size_t size, std::size_t count, void* user)
     sink->too_big = true;
     return 0;  // ends the transfer
   }
-  sink->body.append(data, n);
+  try {
+    sink->body.append(data, n);
+  } catch (const std::bad_alloc&) {
+    // No exception may cross libcurl's C frames.
+    sink->too_big = true;
+    return 0;
+  }
   return n;
 }
 
@@ -211,20 +237,37 @@ class CurlTransport final : public EtcdTransport {
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    // libcurl takes a proxy from http_proxy/https_proxy/all_proxy unless told
+    // otherwise; the members are reached directly, whatever the agent's
+    // environment says ("" turns the proxy off, "*" every no_proxy match on).
+    curl_easy_setopt(c, CURLOPT_PROXY, "");
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
     if (tls_.enabled) {
       if (!tls_.ca.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, tls_.ca.c_str());
       if (!tls_.cert.empty()) curl_easy_setopt(c, CURLOPT_SSLCERT, tls_.cert.c_str());
       if (!tls_.key.empty()) curl_easy_setopt(c, CURLOPT_SSLKEY, tls_.key.c_str());
+      // Without a password of its own libcurl leaves OpenSSL to ask for a
+      // key's passphrase on /dev/tty: a call that waits forever, past every
+      // deadline. With "" an encrypted key fails at once.
+      curl_easy_setopt(c, CURLOPT_KEYPASSWD, "");
     }
     const CURLcode code = curl_easy_perform(c);
     const std::string detail = error[0] != '\0' ? error : curl_easy_strerror(code);
     const std::string who = "etcd endpoint " + call.endpoint;
     if (sink.too_big) {
-      return DataLoss(who + " answered " + call.path + " with more than 64 MiB; refused");
+      return DataLoss(who + " answered " + call.path + " with more than " +
+                      std::to_string(kMaxAnswerBytes >> 20) +
+                      " MiB, more than a whole ownership table; refused");
     }
     if (code == CURLE_OPERATION_TIMEDOUT) {
       return Unavailable(who + " did not answer " + call.path + " within " +
                          std::to_string(timeout_ms) + " ms (" + detail + ")");
+    }
+    if (code == CURLE_SSL_CERTPROBLEM && !tls_.cert.empty()) {
+      return Status(Code::kFailedPrecondition,
+                    "TLS with " + who + ": the client certificate " + tls_.cert + " or its key " +
+                        tls_.key + " could not be loaded (" + detail +
+                        "); a key protected by a passphrase is not supported");
     }
     if (IsTlsError(code)) {
       // Not Unavailable: going round the endpoints again will not mend it.
@@ -329,17 +372,46 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<EtcdT
   assert(!endpoints_.empty());
 }
 
-Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::string& body,
-                                            MonoTime deadline) {
+namespace {
+
+// gRPC codes with which etcd refuses the request itself, alike on every
+// member, so asking another member is pointless: InvalidArgument (a bad txn:
+// a key twice, too many operations, too large), NotFound (a gone lease),
+// AlreadyExists, PermissionDenied and Unauthenticated (the cluster's auth),
+// FailedPrecondition, OutOfRange (a TTL too large, a compacted revision).
+// Every other code (Unavailable, Unknown, Internal, ResourceExhausted for
+// "too many requests", Unimplemented, ...) says something about the member
+// that answered: the next one is tried.
+bool IsDefinitiveRefusal(int grpc) {
+  switch (grpc) {
+    case 3:
+    case 5:
+    case 6:
+    case 7:
+    case 9:
+    case 11:
+    case 16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Status EtcdClient::Call(std::string_view path, const std::string& body, MonoTime deadline,
+                        const ReadAnswer& read) {
   const std::size_t n = endpoints_.size();
   const std::size_t first = preferred_.load();
   // The first failure of each endpoint (its fullest attempt), for the
-  // message when none answers.
-  std::vector<std::string> failures(n);
-  // Endpoints that failed in a way another round cannot mend (TLS).
+  // status when none answers well.
+  std::vector<Status> failures(n);
+  // Endpoints that failed in a way another round cannot mend (TLS, an answer
+  // that is not the gateway's).
   std::vector<bool> hopeless(n, false);
-  auto failed = [&](std::size_t index, const std::string& why) {
-    if (failures[index].empty()) failures[index] = why;
+  auto failed = [&](std::size_t index, Status why, bool for_good) {
+    if (failures[index].ok()) failures[index] = std::move(why);
+    hopeless[index] = hopeless[index] || for_good;
   };
   bool any_tried = false;
   for (int round = 0;; ++round) {
@@ -353,54 +425,84 @@ Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::st
       const std::size_t index = (first + tried) % n;
       if (hopeless[index]) continue;
       const std::string& endpoint = endpoints_[index];
+      const std::string who = "etcd endpoint " + endpoint;
       const MonoTime now = clock_.Now();
       if (now >= deadline) break;
       const Millis left = std::chrono::ceil<Millis>(deadline - now);
       // Every attempt but the round's last leaves half the time for the next.
       const Millis budget = tried + 1 < n ? std::max(left / 2, Millis(1)) : left;
       any_tried = true;
-      Result<EtcdHttpAnswer> answer =
-          transport_->Post({endpoint, std::string(path), body, budget});
+      Result<EtcdHttpAnswer> answer = Unavailable(who + ": not asked");
+      try {
+        answer = transport_->Post({endpoint, std::string(path), body, budget});
+      } catch (const std::exception& e) {
+        // Nothing thrown below may end the agent; it costs this endpoint.
+        answer = Unavailable(who + ": the call to " + std::string(path) + " failed: " + e.what());
+      }
       if (!answer.ok()) {
-        failed(index, answer.status().message());
-        hopeless[index] = answer.status().code() != Code::kUnavailable;
+        failed(index, answer.status(), answer.status().code() != Code::kUnavailable);
         continue;
       }
       if (clock_.Now() > deadline) {
         return Status(Code::kDeadlineExceeded,
-                      "etcd endpoint " + endpoint + " answered " + std::string(path) +
+                      who + " answered " + std::string(path) +
                           " after the call's time limit; the answer is ignored");
       }
       if (answer->status == 200) {
-        preferred_.store(index);
-        return Answer{endpoint, std::move(answer->body)};
+        Status got;
+        try {
+          got = read(endpoint, answer->body);
+        } catch (const std::exception& e) {
+          got = DataLoss(who + " answered " + std::string(path) +
+                         " with something that could not be read: " + e.what());
+        }
+        if (got.ok()) {
+          preferred_.store(index);
+          return got;
+        }
+        // Not a well-formed answer of the call (DataLoss), or the member
+        // could not do it (Unavailable): the next member may.
+        if (got.code() == Code::kDataLoss || got.code() == Code::kUnavailable) {
+          const bool for_good = got.code() == Code::kDataLoss;
+          failed(index, std::move(got), for_good);
+          continue;
+        }
+        preferred_.store(index);  // a definitive answer of the cluster
+        return got;
       }
       // An error answer: {"error": ..., "message": ..., "code": N}.
       std::string message = "HTTP " + std::to_string(answer->status);
       int grpc = -1;
-      const Json json = Json::parse(answer->body, nullptr, false);
-      if (!json.is_discarded() && json.is_object()) {
-        const auto m = json.find("message");
-        if (m != json.end() && m->is_string()) {
-          message = Printable(m->get<std::string>().substr(0, 300));
+      const auto json = ParseBoundedJson(answer->body, {.max_depth = 4, .max_values = 1000});
+      bool gateway = false;
+      if (json.ok() && json->is_object()) {
+        const auto m = json->find("message");
+        const auto c = json->find("code");
+        if (m != json->end() && m->is_string() && c != json->end() && c->is_number_integer()) {
+          gateway = true;
+          message = Printable(m->get_ref<const std::string&>().substr(0, 300));
+          grpc = static_cast<int>(std::clamp<std::int64_t>(c->get<std::int64_t>(), -1, 1000));
         }
-        const auto c = json.find("code");
-        if (c != json.end() && c->is_number_integer()) grpc = c->get<int>();
-      } else {
+      }
+      if (!gateway) {
         message += ": '" + Printable(std::string_view(answer->body).substr(0, 120)) + "'";
       }
-      const std::string said = "etcd endpoint " + endpoint + " refused " + std::string(path) +
-                               ": " + message;
-      const bool unavailable = grpc == kGrpcUnavailable || grpc == kGrpcDeadlineExceeded ||
-                               grpc == kGrpcCanceled || answer->status == 502 ||
-                               answer->status == 503 || answer->status == 504;
-      if (unavailable) {
-        failed(index, said);
-        continue;
+      const std::string said = who + " refused " + std::string(path) + ": " + message;
+      if (gateway && IsDefinitiveRefusal(grpc)) {
+        preferred_.store(index);  // it answered, if only to refuse
+        if (grpc == kGrpcNotFound) return NotFound(said);
+        return Status(Code::kFailedPrecondition, said);
       }
-      preferred_.store(index);  // it answered, if only to refuse
-      if (grpc == kGrpcNotFound) return NotFound(said);
-      return Status(Code::kFailedPrecondition, said);
+      // Another round may mend what etcd itself said (no leader, too many
+      // requests) or what a proxy says when the member is down (502-504);
+      // any other answer that is not the gateway's will not change.
+      const bool transient = gateway || answer->status == 502 || answer->status == 503 ||
+                             answer->status == 504;
+      if (transient) {
+        failed(index, Unavailable(said), false);
+      } else {
+        failed(index, DataLoss(said + "; is it an etcd 3.4 client URL?"), true);
+      }
     }
     if (clock_.Now() >= deadline) break;
   }
@@ -410,10 +512,17 @@ Result<EtcdClient::Answer> EtcdClient::Call(std::string_view path, const std::st
                   "could be tried");
   }
   std::string all;
+  bool all_malformed = true;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::string& failure = failures[(first + i) % n];
-    if (failure.empty()) continue;
-    all += (all.empty() ? "" : "; ") + failure;
+    const Status& failure = failures[(first + i) % n];
+    if (failure.ok()) continue;
+    all += (all.empty() ? "" : "; ") + failure.message();
+    all_malformed = all_malformed && failure.code() == Code::kDataLoss;
+  }
+  // Only answers that are not etcd's: the URL names something else.
+  if (all_malformed) {
+    return DataLoss("no etcd endpoint gave a well-formed answer to " + std::string(path) + ": " +
+                    all);
   }
   return Unavailable("the etcd cluster did not answer " + std::string(path) +
                      " within the call's time limit: " + all);
@@ -424,29 +533,35 @@ Result<EtcdRange> EtcdClient::Range(const std::string& key, const std::string& r
   Json request = {{"key", Base64Encode(key)}};
   if (!range_end.empty()) request["range_end"] = Base64Encode(range_end);
   static constexpr std::string_view kPath = "/v3/kv/range";
-  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
-  const AnswerReader read(answer.endpoint, kPath);
-  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
   EtcdRange range;
-  FLEETFS_ASSIGN_OR_RETURN(range.revision, read.HeaderRevision(json));
-  const auto kvs = json.find("kvs");
-  if (kvs == json.end() || kvs->is_null()) return range;
-  if (!kvs->is_array()) return read.Bad("kvs", "must be a list");
-  for (std::size_t i = 0; i < kvs->size(); ++i) {
-    const Json& item = (*kvs)[i];
-    const std::string at = "kvs[" + std::to_string(i) + "].";
-    if (!item.is_object()) return read.Bad("kvs[" + std::to_string(i) + "]", "must be an object");
-    EtcdKv kv;
-    FLEETFS_ASSIGN_OR_RETURN(kv.key, read.Bytes(item, "key", at + "key"));
-    FLEETFS_ASSIGN_OR_RETURN(kv.value, read.Bytes(item, "value", at + "value"));
-    FLEETFS_ASSIGN_OR_RETURN(kv.create_revision,
-                             read.Int64(item, "create_revision", at + "create_revision"));
-    FLEETFS_ASSIGN_OR_RETURN(kv.mod_revision, read.Int64(item, "mod_revision", at + "mod_revision"));
-    FLEETFS_ASSIGN_OR_RETURN(kv.version, read.Int64(item, "version", at + "version"));
-    FLEETFS_ASSIGN_OR_RETURN(kv.lease, read.Int64(item, "lease", at + "lease"));
-    if (kv.key.empty()) return read.Bad(at + "key", "a key is never empty");
-    range.kvs.push_back(std::move(kv));
-  }
+  FLEETFS_RETURN_IF_ERROR(Call(kPath, request.dump(), deadline,
+                               [&](const std::string& endpoint, const std::string& body) -> Status {
+    range = EtcdRange{};
+    const AnswerReader read(endpoint, kPath);
+    FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+    FLEETFS_ASSIGN_OR_RETURN(range.revision, read.HeaderRevision(json));
+    const auto kvs = json.find("kvs");
+    if (kvs == json.end() || kvs->is_null()) return Status::Ok();
+    if (!kvs->is_array()) return read.Bad("kvs", "must be a list");
+    range.kvs.reserve(kvs->size());
+    for (std::size_t i = 0; i < kvs->size(); ++i) {
+      const Json& item = (*kvs)[i];
+      const std::string at = "kvs[" + std::to_string(i) + "].";
+      if (!item.is_object()) return read.Bad("kvs[" + std::to_string(i) + "]", "must be an object");
+      EtcdKv kv;
+      FLEETFS_ASSIGN_OR_RETURN(kv.key, read.Bytes(item, "key", at + "key"));
+      FLEETFS_ASSIGN_OR_RETURN(kv.value, read.Bytes(item, "value", at + "value"));
+      FLEETFS_ASSIGN_OR_RETURN(kv.create_revision,
+                               read.Int64(item, "create_revision", at + "create_revision"));
+      FLEETFS_ASSIGN_OR_RETURN(kv.mod_revision,
+                               read.Int64(item, "mod_revision", at + "mod_revision"));
+      FLEETFS_ASSIGN_OR_RETURN(kv.version, read.Int64(item, "version", at + "version"));
+      FLEETFS_ASSIGN_OR_RETURN(kv.lease, read.Int64(item, "lease", at + "lease"));
+      if (kv.key.empty()) return read.Bad(at + "key", "a key is never empty");
+      range.kvs.push_back(std::move(kv));
+    }
+    return Status::Ok();
+  }));
   return range;
 }
 
@@ -470,84 +585,109 @@ Result<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn, MonoTime deadline) {
   }
   const Json request = {{"compare", compare}, {"success", success}};
   static constexpr std::string_view kPath = "/v3/kv/txn";
-  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
-  const AnswerReader read(answer.endpoint, kPath);
-  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
   EtcdTxnResult result;
-  FLEETFS_ASSIGN_OR_RETURN(result.revision, read.HeaderRevision(json));
-  FLEETFS_ASSIGN_OR_RETURN(result.succeeded, read.Bool(json, "succeeded", "succeeded"));
+  // Sent again to the next member when one gives no good answer: the
+  // comparisons make that safe (a txn that landed the first time fails them
+  // the second; the caller looks at what is there).
+  FLEETFS_RETURN_IF_ERROR(Call(kPath, request.dump(), deadline,
+                               [&](const std::string& endpoint, const std::string& body) -> Status {
+    const AnswerReader read(endpoint, kPath);
+    FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+    FLEETFS_ASSIGN_OR_RETURN(result.revision, read.HeaderRevision(json));
+    FLEETFS_ASSIGN_OR_RETURN(result.succeeded, read.Bool(json, "succeeded", "succeeded"));
+    return Status::Ok();
+  }));
   return result;
 }
 
 Result<EtcdLease> EtcdClient::Grant(std::int64_t ttl_s, MonoTime deadline) {
   static constexpr std::string_view kPath = "/v3/lease/grant";
   const Json request = {{"TTL", std::to_string(ttl_s)}};
-  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
-  const AnswerReader read(answer.endpoint, kPath);
-  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
-  const auto error = json.find("error");
-  if (error != json.end() && error->is_string() && !error->get_ref<const std::string&>().empty()) {
-    return Status(Code::kFailedPrecondition,
-                  "etcd endpoint " + answer.endpoint + " refused a lease: " +
-                      Printable(error->get<std::string>().substr(0, 300)));
-  }
   EtcdLease lease;
-  FLEETFS_ASSIGN_OR_RETURN(lease.id, read.Int64(json, "ID", "ID"));
-  FLEETFS_ASSIGN_OR_RETURN(lease.ttl_s, read.Int64(json, "TTL", "TTL"));
-  if (lease.id == 0) return read.Bad("ID", "a granted lease has an id");
-  if (lease.ttl_s < ttl_s) {
-    return read.Bad("TTL", std::to_string(lease.ttl_s) + " s is shorter than the " +
-                               std::to_string(ttl_s) + " s asked for");
-  }
+  // A grant sent again to the next member leaks the first lease, if it was
+  // granted, until its TTL ends: nothing is attached to it.
+  FLEETFS_RETURN_IF_ERROR(Call(kPath, request.dump(), deadline,
+                               [&](const std::string& endpoint, const std::string& body) -> Status {
+    const AnswerReader read(endpoint, kPath);
+    FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+    const auto error = json.find("error");
+    if (error != json.end() && error->is_string() &&
+        !error->get_ref<const std::string&>().empty()) {
+      return Status(Code::kFailedPrecondition,
+                    "etcd endpoint " + endpoint + " refused a lease: " +
+                        Printable(error->get_ref<const std::string&>().substr(0, 300)));
+    }
+    FLEETFS_ASSIGN_OR_RETURN(lease.id, read.Int64(json, "ID", "ID"));
+    FLEETFS_ASSIGN_OR_RETURN(lease.ttl_s, read.Ttl(json, "TTL", "TTL"));
+    if (lease.id == 0) return read.Bad("ID", "a granted lease has an id");
+    if (lease.ttl_s < ttl_s) {
+      return read.Bad("TTL", std::to_string(lease.ttl_s) + " s is shorter than the " +
+                                 std::to_string(ttl_s) + " s asked for");
+    }
+    return Status::Ok();
+  }));
   return lease;
 }
 
 Result<std::optional<std::int64_t>> EtcdClient::KeepAlive(std::int64_t lease, MonoTime deadline) {
   static constexpr std::string_view kPath = "/v3/lease/keepalive";
   const Json request = {{"ID", std::to_string(lease)}};
-  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
-  const AnswerReader read(answer.endpoint, kPath);
-  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
-  // A stream of one message: {"result": {...}} or {"error": {...}}.
-  FLEETFS_ASSIGN_OR_RETURN(const Json* error, read.Object(json, "error", "error"));
-  if (error != nullptr) {
-    const auto m = error->find("message");
-    const std::string message =
-        m != error->end() && m->is_string() ? Printable(m->get<std::string>().substr(0, 300)) : "?";
-    return Unavailable("etcd endpoint " + answer.endpoint + " refused a keepalive of lease " +
-                       std::to_string(lease) + ": " + message);
-  }
-  FLEETFS_ASSIGN_OR_RETURN(const Json* result, read.Object(json, "result", "result"));
-  if (result == nullptr) return read.Bad("result", "a keepalive answer has one");
-  FLEETFS_ASSIGN_OR_RETURN(const std::int64_t id, read.Int64(*result, "ID", "result.ID"));
-  FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Int64(*result, "TTL", "result.TTL"));
-  if (id != lease) {
-    return read.Bad("result.ID", "lease " + std::to_string(id) + " is not the lease kept alive (" +
-                                     std::to_string(lease) + ")");
-  }
-  if (ttl < 0) return read.Bad("result.TTL", "a lease's TTL is not negative");
-  if (ttl == 0) return std::optional<std::int64_t>();
-  return std::optional<std::int64_t>(ttl);
+  std::optional<std::int64_t> left;
+  FLEETFS_RETURN_IF_ERROR(Call(kPath, request.dump(), deadline,
+                               [&](const std::string& endpoint, const std::string& body) -> Status {
+    const AnswerReader read(endpoint, kPath);
+    FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+    // A stream of one message: {"result": {...}} or {"error": {...}}.
+    FLEETFS_ASSIGN_OR_RETURN(const Json* error, read.Object(json, "error", "error"));
+    if (error != nullptr) {
+      const auto m = error->find("message");
+      const std::string message = m != error->end() && m->is_string()
+                                      ? Printable(m->get_ref<const std::string&>().substr(0, 300))
+                                      : "?";
+      // The stream broke on this member (no leader, say): the next may do.
+      return Unavailable("etcd endpoint " + endpoint + " refused a keepalive of lease " +
+                         std::to_string(lease) + ": " + message);
+    }
+    FLEETFS_ASSIGN_OR_RETURN(const Json* result, read.Object(json, "result", "result"));
+    if (result == nullptr) return read.Bad("result", "a keepalive answer has one");
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t id, read.Int64(*result, "ID", "result.ID"));
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Ttl(*result, "TTL", "result.TTL"));
+    if (id != lease) {
+      return read.Bad("result.ID", "lease " + std::to_string(id) +
+                                       " is not the lease kept alive (" + std::to_string(lease) +
+                                       ")");
+    }
+    if (ttl < 0) return read.Bad("result.TTL", "a lease's TTL is not negative");
+    left = ttl == 0 ? std::nullopt : std::optional<std::int64_t>(ttl);
+    return Status::Ok();
+  }));
+  return left;
 }
 
 Status EtcdClient::Revoke(std::int64_t lease, MonoTime deadline) {
   static constexpr std::string_view kPath = "/v3/lease/revoke";
   const Json request = {{"ID", std::to_string(lease)}};
-  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
-  const AnswerReader read(answer.endpoint, kPath);
-  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
-  return read.HeaderRevision(json).status();
+  return Call(kPath, request.dump(), deadline,
+              [&](const std::string& endpoint, const std::string& body) -> Status {
+                const AnswerReader read(endpoint, kPath);
+                FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+                return read.HeaderRevision(json).status();
+              });
 }
 
 Result<std::optional<std::int64_t>> EtcdClient::TimeToLive(std::int64_t lease, MonoTime deadline) {
   static constexpr std::string_view kPath = "/v3/lease/timetolive";
   const Json request = {{"ID", std::to_string(lease)}};
-  FLEETFS_ASSIGN_OR_RETURN(Answer answer, Call(kPath, request.dump(), deadline));
-  const AnswerReader read(answer.endpoint, kPath);
-  FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(answer.body));
-  FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Int64(json, "TTL", "TTL"));
-  if (ttl < 0) return std::optional<std::int64_t>();
-  return std::optional<std::int64_t>(ttl);
+  std::optional<std::int64_t> left;
+  FLEETFS_RETURN_IF_ERROR(Call(kPath, request.dump(), deadline,
+                               [&](const std::string& endpoint, const std::string& body) -> Status {
+    const AnswerReader read(endpoint, kPath);
+    FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Ttl(json, "TTL", "TTL"));
+    left = ttl < 0 ? std::nullopt : std::optional<std::int64_t>(ttl);
+    return Status::Ok();
+  }));
+  return left;
 }
 
 }  // namespace fleetfs::lease

@@ -9,10 +9,13 @@
 // number out of range is an error that names the endpoint, the call and the
 // field, never a crash.
 //
-// Endpoints fail over: a call goes first to the endpoint that last answered;
-// an endpoint that cannot be reached, times out or answers "unavailable"
-// (no leader, leader changed) costs one retry on the next one, all within the
-// call's deadline. In each round over the endpoints every attempt but the
+// Endpoints fail over: a call goes first to the endpoint that last answered
+// well; an endpoint that cannot be reached, times out, answers "unavailable"
+// (no leader, leader changed) or anything that is not a well-formed answer
+// of the call (an HTML page, a 404 or 500 that is not etcd refusing the
+// request itself) costs one retry on the next one, all within the call's
+// deadline. Only etcd's refusal of the request itself (a bad txn, a gone
+// lease: the same on every member) ends a call at once. In each round over the endpoints every attempt but the
 // round's last gets half of the time left, so a partitioned member (one that
 // accepts the connection and never answers) leaves time for the next. When a
 // whole round failed fast (an election in progress), the call waits a moment
@@ -68,7 +71,7 @@ struct EtcdTls {
   std::string key;
 };
 
-// libcurl, one easy handle per call. Answers are capped at 64 MiB.
+// libcurl, one easy handle per call. Answers are capped at 16 MiB.
 std::unique_ptr<EtcdTransport> MakeCurlTransport(EtcdTls tls);
 
 // Strict base64 (RFC 4648 with padding): nullopt for anything else.
@@ -130,6 +133,11 @@ class EtcdClient {
   EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<EtcdTransport> transport,
              const MonotonicClock& clock, Sleep sleep = nullptr);
 
+  // The longest lease TTL an answer may give: fleetfs asks for an hour at
+  // most, and a wall time of now + TTL must not overflow. More is a
+  // malformed answer.
+  static constexpr std::int64_t kMaxLeaseTtlS = 10LL * 365 * 24 * 3600;
+
   // The pause between two rounds over the endpoints.
   static constexpr Millis kRoundPause{50};
 
@@ -150,14 +158,19 @@ class EtcdClient {
   std::string preferred() const { return endpoints_[preferred_.load()]; }
 
  private:
-  struct Answer {
-    std::string endpoint;
-    std::string body;
-  };
-  // Posts to one endpoint after another until one answers (HTTP 200), within
-  // the deadline. An etcd error answer that is not "unavailable" ends the
-  // call with that error.
-  Result<Answer> Call(std::string_view path, const std::string& body, MonoTime deadline);
+  // Reads a 200 answer of one endpoint into the call's result. OK: done.
+  // DataLoss (not a well-formed answer of the call) or Unavailable (the
+  // member could not do it): the next endpoint is asked. Any other code is
+  // the cluster's definitive answer and ends the call.
+  using ReadAnswer = std::function<Status(const std::string& endpoint, const std::string& body)>;
+
+  // Posts to one endpoint after another until one answers well, within the
+  // deadline. An etcd refusal of the request itself (a bad txn, a gone
+  // lease) ends the call with that error; any other failure costs a retry on
+  // the next endpoint. The preferred endpoint moves only to one that
+  // answered well.
+  Status Call(std::string_view path, const std::string& body, MonoTime deadline,
+              const ReadAnswer& read);
 
   const std::vector<std::string> endpoints_;
   const std::unique_ptr<EtcdTransport> transport_;

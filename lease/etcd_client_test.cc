@@ -2,9 +2,18 @@
 // hostile answers, and endpoint failover within a call's deadline.
 #include "lease/etcd_client.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <thread>
+
+#include <chrono>
 #include <deque>
+#include <new>
 #include <functional>
 
 #include "lease/test_support.h"
@@ -358,6 +367,270 @@ TEST_F(EtcdClientTest, a_refusal_that_is_not_unavailable_is_not_retried) {
   EXPECT_EQ(txn.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(txn.status().message().find("duplicate key"), std::string::npos);
   EXPECT_EQ(calls_.size(), 1u);
+}
+
+
+// An answer that is not a well-formed gateway answer of the call, or an error
+// that is not etcd refusing the request itself: what a member behind a
+// broken proxy, a wrong port or a sick member gives.
+struct BadAnswer {
+  long status;
+  const char* body;
+};
+
+TEST_F(EtcdClientTest, an_answer_that_is_not_etcds_costs_a_retry_on_the_next_endpoint) {
+  const BadAnswer cases[] = {
+      {200, "<html>ok</html>"},
+      {200, R"({"kvs":"x"})"},
+      {404, "404 page not found"},
+      {404, "<html>Not Found</html>"},
+      {500, "<html>Internal Server Error</html>"},
+      {500, R"({"error":"etcdserver: internal","message":"etcdserver: internal","code":13})"},
+      {429, R"({"error":"etcdserver: too many requests","message":"etcdserver: too many requests","code":8})"},
+      {502, "Bad Gateway"},
+  };
+  for (const BadAnswer& bad : cases) {
+    calls_.clear();
+    EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+    script_->ThenAnswer(bad.body, bad.status);
+    script_->ThenAnswer(Body(R"(,"kvs":[{"key":"cA==","mod_revision":"3"}])"));
+    script_->ThenAnswer(Body(""));
+    const auto range = client.Range("p", "", In(Millis(1000)));
+    ASSERT_TRUE(range.ok()) << bad.status << " " << bad.body << " -> " << range.status().message();
+    EXPECT_EQ(range->kvs.at(0).mod_revision, 3);
+    ASSERT_EQ(calls_.size(), 2u) << bad.body;
+    EXPECT_EQ(calls_[1].endpoint, "10.0.0.2:2379");
+    // Only the member that answered well is asked first from now on.
+    EXPECT_EQ(client.preferred(), "10.0.0.2:2379") << bad.body;
+    ASSERT_TRUE(client.Range("p", "", In(Millis(1000))).ok());
+    EXPECT_EQ(calls_.at(2).endpoint, "10.0.0.2:2379") << bad.body;
+  }
+}
+
+TEST_F(EtcdClientTest, a_txn_whose_answer_was_mangled_is_sent_to_the_next_member) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->ThenAnswer("<html>ok</html>");
+  script_->ThenAnswer(Body(""));  // the comparisons failed there: the caller looks again
+  const auto txn = client.Txn(EtcdTxn{}, In(Millis(1000)));
+  ASSERT_TRUE(txn.ok()) << txn.status().message();
+  EXPECT_FALSE(txn->succeeded);
+  ASSERT_EQ(calls_.size(), 2u);
+  EXPECT_EQ(calls_[0].body, calls_[1].body);
+}
+
+TEST_F(EtcdClientTest, a_keepalive_stream_error_costs_a_retry_on_the_next_endpoint) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->ThenAnswer(R"({"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}})");
+  script_->ThenAnswer(std::string(R"({"result":{)") + kHeader + R"(,"ID":"42","TTL":"5"}})");
+  const auto kept = client.KeepAlive(42, In(Millis(1000)));
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(*kept, std::optional<std::int64_t>(5));
+  EXPECT_EQ(client.preferred(), "10.0.0.2:2379");
+}
+
+TEST_F(EtcdClientTest, when_every_member_answers_something_not_etcds_the_call_ends_at_once_naming_each) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  const MonoTime start = clock_.Now();
+  script_->Always([](const EtcdHttpCall&) -> Result<EtcdHttpAnswer> {
+    return EtcdHttpAnswer{200, "<html>captive portal</html>"};
+  });
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_FALSE(range.ok());
+  EXPECT_EQ(range.status().code(), Code::kDataLoss);
+  const std::string& message = range.status().message();
+  EXPECT_NE(message.find("10.0.0.1:2379"), std::string::npos) << message;
+  EXPECT_NE(message.find("10.0.0.2:2379"), std::string::npos) << message;
+  EXPECT_NE(message.find("not JSON"), std::string::npos) << message;
+  // Another round would get the same pages: none is asked twice.
+  EXPECT_EQ(calls_.size(), 2u);
+  EXPECT_EQ(clock_.Now(), start);
+  EXPECT_EQ(client.preferred(), "10.0.0.1:2379");
+}
+
+TEST_F(EtcdClientTest, etcds_refusals_of_the_request_itself_end_the_call_on_the_first_member) {
+  const std::pair<int, Code> cases[] = {{3, Code::kFailedPrecondition},
+                                        {5, Code::kNotFound},
+                                        {11, Code::kFailedPrecondition},
+                                        {7, Code::kFailedPrecondition}};
+  for (const auto& [grpc, code] : cases) {
+    calls_.clear();
+    EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+    script_->ThenAnswer(R"({"error":"etcdserver: x","message":"etcdserver: x","code":)" +
+                            std::to_string(grpc) + "}",
+                        400);
+    const Status revoked = client.Revoke(42, In(Millis(1000)));
+    EXPECT_EQ(revoked.code(), code) << grpc << ": " << revoked.message();
+    EXPECT_EQ(calls_.size(), 1u) << grpc;
+  }
+}
+
+
+TEST_F(EtcdClientTest, an_answer_nested_deeper_than_the_gateways_is_refused_at_once_naming_the_rule) {
+  EtcdClient& client = Client();
+  script_->ThenAnswer(std::string(8u << 20, '['));
+  const auto started = std::chrono::steady_clock::now();
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  const auto spent = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(range.ok());
+  EXPECT_EQ(range.status().code(), Code::kDataLoss);
+  EXPECT_NE(range.status().message().find("nests deeper than 8 levels"), std::string::npos)
+      << range.status().message();
+  EXPECT_NE(range.status().message().find("10.0.0.1:2379"), std::string::npos);
+  // Refused at the ninth '[', not after building 8 Mi nested arrays.
+  EXPECT_LT(spent, std::chrono::seconds(1));
+}
+
+TEST_F(EtcdClientTest, an_answer_of_more_values_than_a_full_table_holds_is_refused_naming_the_rule) {
+  EtcdClient& client = Client();
+  std::string body = R"({"kvs":[)";
+  for (int i = 0; i < 1'000'001; ++i) body += i == 0 ? "{}" : ",{}";
+  body += "]}";
+  script_->ThenAnswer(body);
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_FALSE(range.ok());
+  EXPECT_EQ(range.status().code(), Code::kDataLoss);
+  EXPECT_NE(range.status().message().find("holds more than 1000000 values"), std::string::npos)
+      << range.status().message().substr(0, 300);
+}
+
+TEST_F(EtcdClientTest, an_error_answer_nested_deep_is_not_etcds_and_costs_the_endpoint) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->ThenAnswer(std::string(1u << 20, '['), 400);
+  script_->ThenAnswer(Body(""));
+  ASSERT_TRUE(client.Range("p/", "p0", In(Millis(1000))).ok());
+  EXPECT_EQ(calls_.size(), 2u);
+}
+
+TEST_F(EtcdClientTest, a_transport_that_throws_costs_the_endpoint_and_never_escapes) {
+  EtcdClient& client = Client({"10.0.0.1:2379", "10.0.0.2:2379"});
+  script_->Then([](const EtcdHttpCall&) -> Result<EtcdHttpAnswer> { throw std::bad_alloc(); });
+  script_->ThenAnswer(Body(""));
+  const auto range = client.Range("p/", "p0", In(Millis(1000)));
+  ASSERT_TRUE(range.ok()) << range.status().message();
+  EXPECT_EQ(client.preferred(), "10.0.0.2:2379");
+}
+
+
+TEST_F(EtcdClientTest, a_lease_ttl_beyond_ten_years_is_a_malformed_answer) {
+  EtcdClient& client = Client();
+  const std::string huge = "9223372036854775807";
+  script_->ThenAnswer(R"({"ID":"5","TTL":")" + huge + R"("})");
+  const auto granted = client.Grant(5, In(Millis(1000)));
+  ASSERT_FALSE(granted.ok());
+  EXPECT_EQ(granted.status().code(), Code::kDataLoss);
+  EXPECT_NE(granted.status().message().find("'TTL'"), std::string::npos) << granted.status().message();
+  EXPECT_NE(granted.status().message().find("10 years"), std::string::npos);
+
+  script_->ThenAnswer(R"({"result":{"ID":"42","TTL":")" + huge + R"("}})");
+  const auto kept = client.KeepAlive(42, In(Millis(1000)));
+  ASSERT_FALSE(kept.ok());
+  EXPECT_NE(kept.status().message().find("'result.TTL'"), std::string::npos) << kept.status().message();
+
+  script_->ThenAnswer(R"({"ID":"42","TTL":")" + std::to_string(EtcdClient::kMaxLeaseTtlS + 1) +
+                      R"("})");
+  const auto left = client.TimeToLive(42, In(Millis(1000)));
+  ASSERT_FALSE(left.ok());
+  EXPECT_NE(left.status().message().find("'TTL'"), std::string::npos) << left.status().message();
+
+  script_->ThenAnswer(R"({"ID":"42","TTL":")" + std::to_string(EtcdClient::kMaxLeaseTtlS) + R"("})");
+  EXPECT_EQ(*client.TimeToLive(42, In(Millis(1000))), EtcdClient::kMaxLeaseTtlS);
+}
+
+// A loopback HTTP server that answers each connection with `answer` (a whole
+// HTTP response) until it is destroyed; it counts the connections.
+class LoopbackHttp {
+ public:
+  explicit LoopbackHttp(std::string answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int conn = ::accept(fd_, nullptr, nullptr);
+        if (conn < 0) return;
+        ++connections_;
+        std::string request;
+        char buf[4096];
+        while (request.find("\r\n\r\n") == std::string::npos) {
+          const ssize_t n = ::recv(conn, buf, sizeof buf, 0);
+          if (n <= 0) break;
+          request.append(buf, static_cast<std::size_t>(n));
+        }
+        std::size_t sent = 0;
+        while (sent < answer_.size()) {
+          const ssize_t n = ::send(conn, answer_.data() + sent, answer_.size() - sent, MSG_NOSIGNAL);
+          if (n <= 0) break;
+          sent += static_cast<std::size_t>(n);
+        }
+        ::close(conn);
+      }
+    });
+  }
+  ~LoopbackHttp() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  int connections() const { return connections_.load(); }
+
+ private:
+  std::string answer_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+std::string HttpOk(const std::string& body) {
+  return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+TEST(CurlTransport, an_answer_larger_than_a_whole_table_is_refused_naming_the_cap) {
+  LoopbackHttp server(HttpOk(std::string((16u << 20) + 1, ' ')));
+  const auto transport = MakeCurlTransport({});
+  const auto answer = transport->Post({server.endpoint(), "/v3/kv/range", "{}", Millis(10'000)});
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().code(), Code::kDataLoss);
+  EXPECT_NE(answer.status().message().find("more than 16 MiB"), std::string::npos)
+      << answer.status().message();
+  EXPECT_NE(answer.status().message().find(server.endpoint()), std::string::npos);
+}
+
+TEST(CurlTransport, an_answer_within_the_cap_is_returned_whole) {
+  const std::string body = "{" + std::string(15u << 20, ' ') + "}";
+  LoopbackHttp server(HttpOk(body));
+  const auto transport = MakeCurlTransport({});
+  const auto answer = transport->Post({server.endpoint(), "/v3/kv/range", "{}", Millis(10'000)});
+  ASSERT_TRUE(answer.ok()) << answer.status().message();
+  EXPECT_EQ(answer->status, 200);
+  EXPECT_EQ(answer->body.size(), body.size());
+}
+
+TEST(CurlTransport, a_proxy_named_by_the_environment_is_never_used) {
+  LoopbackHttp server(HttpOk(Body("")));
+  // A port nothing listens on: a call through the proxy would be refused.
+  std::string proxy;
+  {
+    const LoopbackHttp gone("");
+    proxy = "http://" + gone.endpoint();
+  }
+  for (const char* name : {"http_proxy", "all_proxy", "ALL_PROXY"}) {
+    ::setenv(name, proxy.c_str(), 1);
+    const auto transport = MakeCurlTransport({});
+    const auto answer = transport->Post({server.endpoint(), "/v3/kv/range", "{}", Millis(5000)});
+    ::unsetenv(name);
+    ASSERT_TRUE(answer.ok()) << name << ": " << answer.status().message();
+    EXPECT_EQ(answer->status, 200);
+  }
+  EXPECT_EQ(server.connections(), 3);
 }
 
 }  // namespace

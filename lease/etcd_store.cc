@@ -1,10 +1,15 @@
 #include "lease/etcd_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstdio>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <nlohmann/json.hpp>
 
+#include "lease/bounded_json.h"
 #include "lease/lease_ttl.h"
 
 namespace fleetfs::lease {
@@ -79,8 +84,10 @@ std::string EtcdStore::RowKey(SlotRange range) const {
 
 Result<EtcdStore::StoredRow> EtcdStore::ParseRow(const EtcdKv& kv, SlotRange range) const {
   const std::string where = "etcd key '" + Printable(kv.key) + "' (an ownership row)";
-  const Json value = Json::parse(kv.value, nullptr, false);
-  if (value.is_discarded() || !value.is_object()) {
+  // A row is one flat object of three fields.
+  const auto parsed = ParseBoundedJson(kv.value, {.max_depth = 2, .max_values = 64});
+  const Json value = parsed.ok() ? *parsed : Json();
+  if (!parsed.ok() || !value.is_object()) {
     return DataLoss(where + ": its value is not a JSON object {owner, epoch, ttl_ms} ('" +
                     Printable(std::string_view(kv.value).substr(0, 80)) + "')");
   }
@@ -122,8 +129,11 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
       snapshot.counter_mod_revision = kv.mod_revision;
       continue;
     }
-    const std::string_view name =
-        kv.key.starts_with(rows_prefix) ? std::string_view(kv.key).substr(rows_prefix.size()) : "";
+    // Keys that are neither the counter nor under PREFIX/rows/ are not
+    // ours: a fleet at PREFIX/b shares the range read, and must not block
+    // this one (nor this one it).
+    if (!kv.key.starts_with(rows_prefix)) continue;
+    const std::string_view name = std::string_view(kv.key).substr(rows_prefix.size());
     // "AAAAA-BBBBB", zero-padded: the canonical key of a valid range.
     std::optional<SlotRange> bounds;
     if (name.size() == 11 && name[5] == '-') {
@@ -137,8 +147,8 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
     if (!bounds) {
       return DataLoss("etcd key '" + Printable(kv.key) + "' under the prefix '" + prefix_ +
                       "' is neither a row (" + rows_prefix +
-                      "AAAAA-BBBBB, a slot range in 0-16383) nor the counter; the prefix "
-                      "belongs to fleetfs alone");
+                      "AAAAA-BBBBB, a slot range in 0-16383) nor the counter; the keys under " +
+                      rows_prefix + " belong to this fleet alone");
     }
     FLEETFS_ASSIGN_OR_RETURN(StoredRow row, ParseRow(kv, *bounds));
     snapshot.rows.push_back(std::move(row));
@@ -171,7 +181,11 @@ Result<std::optional<Grant>> EtcdStore::Extend(const StoredRow& row, Millis ttl,
   txn.success.push_back({EtcdOp::Kind::kPut, row.key, RowValue(row.row.owner, row.row.epoch, ttl),
                          lease.id});
   const Result<EtcdTxnResult> result = client_->Txn(txn, deadline);
-  if (!result.ok() || !result->succeeded) {
+  bool moved = result.ok() && result->succeeded;
+  if (result.ok() && !moved) {
+    FLEETFS_ASSIGN_OR_RETURN(moved, Landed(row.key, lease.id, deadline));
+  }
+  if (!moved) {
     (void)client_->Revoke(lease.id, deadline);
     if (!result.ok()) return result.status();
     return std::optional<Grant>();
@@ -180,20 +194,65 @@ Result<std::optional<Grant>> EtcdStore::Extend(const StoredRow& row, Millis ttl,
   return std::optional(Grant{row.row.range, row.row.epoch, now + lease.ttl_s * 1000, false});
 }
 
-Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+Result<std::optional<EtcdStore::StoredRow>> EtcdStore::ReadRow(SlotRange range,
+                                                               MonoTime deadline) {
+  const std::string key = RowKey(range);
+  FLEETFS_ASSIGN_OR_RETURN(const EtcdRange read, client_->Range(key, "", deadline));
+  if (read.kvs.empty()) return std::optional<StoredRow>();
+  if (read.kvs.size() != 1 || read.kvs.front().key != key) {
+    return DataLoss("etcd store " + url_ + ": the read of row '" + key + "' was answered with " +
+                    std::to_string(read.kvs.size()) + " key(s), the first '" +
+                    Printable(read.kvs.front().key.substr(0, 200)) +
+                    "'; a read of one key answers that key or nothing");
+  }
+  FLEETFS_ASSIGN_OR_RETURN(StoredRow row, ParseRow(read.kvs.front(), range));
+  return std::optional<StoredRow>(std::move(row));
+}
+
+Result<bool> EtcdStore::Landed(const std::string& key, std::int64_t lease, MonoTime deadline) {
+  FLEETFS_ASSIGN_OR_RETURN(const EtcdRange read, client_->Range(key, "", deadline));
+  return !read.kvs.empty() && read.kvs.front().key == key && read.kvs.front().lease == lease;
+}
+
+Result<Decision> EtcdStore::DoClaim(SlotRange range, const OwnerId& owner, Millis ttl,
                                   std::uint64_t floor) {
   const MonoTime deadline = mono_.Now() + ttl / 3;
+  // The last txn's comparisons failed: a rival's write, or this very txn,
+  // which a member carried out and whose answer was lost, so the client sent
+  // it again to the next member. The next read tells: the row on the txn's
+  // own lease (new, and used by that txn alone) is there or not.
+  struct Pending {
+    EtcdLease lease;  // id 0: none
+    Epoch epoch;
+  };
+  Pending pending;
   for (int races = 0;; ++races) {
     if (races > 0 && mono_.Now() >= deadline) {
+      if (pending.lease.id != 0) (void)client_->Revoke(pending.lease.id, deadline);
       return Status(Code::kDeadlineExceeded,
                     "claim of slot range " + range.ToString() + " on " + url_ + ": lost " +
                         std::to_string(races) +
                         " races to other claims and ran out of its time limit (ttl/3)");
     }
-    FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
+    Result<Snapshot> loaded = Load(deadline);
+    const WallMs now = wall_.NowMs();
+    if (pending.lease.id != 0) {
+      if (loaded.ok()) {
+        const std::string key = RowKey(range);
+        for (const StoredRow& row : loaded->rows) {
+          if (row.key == key && row.lease == pending.lease.id) {
+            return Decision(Grant{range, pending.epoch, now + pending.lease.ttl_s * 1000, true});
+          }
+        }
+      }
+      // Lost the race (or unknown: then the row goes with its lease).
+      (void)client_->Revoke(pending.lease.id, deadline);
+      pending = Pending{};
+    }
+    if (!loaded.ok()) return loaded.status();
+    Snapshot& snapshot = *loaded;
     FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table,
                              TableOf(snapshot.rows, snapshot.counter, url_));
-    const WallMs now = wall_.NowMs();
     OwnershipTable after = table;
     FLEETFS_ASSIGN_OR_RETURN(Decision decision, after.Claim(range, owner, now, ttl, floor));
     auto stored = [&](SlotRange bounds) -> const StoredRow* {
@@ -252,18 +311,22 @@ Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis 
     if (result.ok() && result->succeeded) {
       return Decision(Grant{range, grant.epoch, now + lease.ttl_s * 1000, true});
     }
-    // Lost the race, or no answer: the lease goes, and with it the row if the
-    // txn did land after all.
+    if (result.ok()) {
+      pending = Pending{lease, grant.epoch};
+      continue;
+    }
+    // No answer: the lease goes, and with it the row if the txn did land
+    // after all.
     (void)client_->Revoke(lease.id, deadline);
-    if (!result.ok()) return result.status();
+    return result.status();
   }
 }
 
-Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
+Result<Decision> EtcdStore::DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
   const MonoTime deadline = mono_.Now() + ttl / 3;
-  FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
-  if (read.kvs.empty()) return Decision(Lost{range});
-  FLEETFS_ASSIGN_OR_RETURN(const StoredRow row, ParseRow(read.kvs.front(), range));
+  FLEETFS_ASSIGN_OR_RETURN(const std::optional<StoredRow> read, ReadRow(range, deadline));
+  if (!read) return Decision(Lost{range});
+  const StoredRow& row = *read;
   FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table, TableOf({row}, 0, url_));
   const Decision decision = table.Renew(range, owner, epoch, wall_.NowMs(), ttl);
   if (!std::holds_alternative<Grant>(decision)) return decision;
@@ -272,7 +335,7 @@ Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch e
   return Decision(*extended);
 }
 
-Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
+Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch) {
   const MonoTime deadline = mono_.Now() + options_.call_timeout;
   for (int races = 0;; ++races) {
     if (races > 0 && mono_.Now() >= deadline) {
@@ -280,9 +343,9 @@ Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epo
                                                  url_ + ": its row kept changing until the time "
                                                  "limit");
     }
-    FLEETFS_ASSIGN_OR_RETURN(EtcdRange read, client_->Range(RowKey(range), "", deadline));
-    if (read.kvs.empty()) return false;
-    FLEETFS_ASSIGN_OR_RETURN(const StoredRow row, ParseRow(read.kvs.front(), range));
+    FLEETFS_ASSIGN_OR_RETURN(const std::optional<StoredRow> read, ReadRow(range, deadline));
+    if (!read) return false;
+    const StoredRow& row = *read;
     FLEETFS_ASSIGN_OR_RETURN(OwnershipTable table, TableOf({row}, 0, url_));
     if (!table.Release(range, owner, epoch, wall_.NowMs())) return false;
     EtcdTxn txn;
@@ -297,17 +360,111 @@ Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epo
   }
 }
 
-Result<OwnershipTable> EtcdStore::Read() {
+Status EtcdStore::FillExpiries(const std::vector<StoredRow*>& rows, MonoTime deadline) {
+  const WallMs now = wall_.NowMs();
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  Status failure;  // guarded by mu: the first failure
+  auto fail = [&](Status why) {
+    std::lock_guard lock(mu);
+    if (failure.ok()) failure = std::move(why);
+    stop = true;
+  };
+  auto work = [&] {
+    try {
+      while (!stop) {
+        const std::size_t i = next++;
+        if (i >= rows.size()) return;
+        const Result<std::optional<std::int64_t>> left =
+            client_->TimeToLive(rows[i]->lease, deadline);
+        if (!left.ok()) return fail(left.status());
+        // A lease gone since the read: the row has lapsed (etcd removes it).
+        rows[i]->row.lease_expires_ms = *left ? now + **left * 1000 : now;
+      }
+    } catch (const std::exception& e) {
+      fail(Status(Code::kInternal, "etcd store " + url_ + ": reading a lease's time left: " +
+                                       e.what()));
+    }
+  };
+  std::vector<std::thread> helpers;
+  const std::size_t workers = std::min(kTtlWorkers, rows.size());
+  for (std::size_t k = 1; k < workers; ++k) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // fewer threads: slower, not wrong
+    }
+  }
+  work();  // this thread is a worker too
+  for (std::thread& helper : helpers) helper.join();
+  return failure;
+}
+
+Result<OwnershipTable> EtcdStore::DoRead() {
   const MonoTime deadline = mono_.Now() + options_.call_timeout;
   FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
-  const WallMs now = wall_.NowMs();
-  for (StoredRow& row : snapshot.rows) {
-    FLEETFS_ASSIGN_OR_RETURN(const std::optional<std::int64_t> left,
-                             client_->TimeToLive(row.lease, deadline));
-    // A lease gone since the read: the row has lapsed (etcd removes it).
-    row.row.lease_expires_ms = left ? now + *left * 1000 : now;
-  }
+  std::vector<StoredRow*> rows;
+  rows.reserve(snapshot.rows.size());
+  for (StoredRow& row : snapshot.rows) rows.push_back(&row);
+  FLEETFS_RETURN_IF_ERROR(FillExpiries(rows, deadline));
   return TableOf(snapshot.rows, snapshot.counter, url_);
+}
+
+Result<OwnershipTable> EtcdStore::DoReadSlots(const std::vector<Slot>& slots) {
+  const MonoTime deadline = mono_.Now() + options_.call_timeout;
+  FLEETFS_ASSIGN_OR_RETURN(Snapshot snapshot, Load(deadline));
+  std::vector<StoredRow> held;
+  for (StoredRow& row : snapshot.rows) {
+    if (std::any_of(slots.begin(), slots.end(),
+                    [&](Slot slot) { return row.row.range.Contains(slot); })) {
+      held.push_back(std::move(row));
+    }
+  }
+  std::vector<StoredRow*> rows;
+  for (StoredRow& row : held) rows.push_back(&row);
+  FLEETFS_RETURN_IF_ERROR(FillExpiries(rows, deadline));
+  return TableOf(held, snapshot.counter, url_);
+}
+
+namespace {
+
+template <typename T, typename F>
+Result<T> Contained(const std::string& what, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kUnavailable, what + ": out of memory");
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+Result<Decision> EtcdStore::Claim(SlotRange range, const OwnerId& owner, Millis ttl,
+                                  std::uint64_t floor) {
+  return Contained<Decision>("etcd store " + url_ + ": claim",
+                             [&] { return DoClaim(range, owner, ttl, floor); });
+}
+
+Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl) {
+  return Contained<Decision>("etcd store " + url_ + ": renew",
+                             [&] { return DoRenew(range, owner, epoch, ttl); });
+}
+
+Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
+  return Contained<bool>("etcd store " + url_ + ": release",
+                         [&] { return DoRelease(range, owner, epoch); });
+}
+
+Result<OwnershipTable> EtcdStore::Read() {
+  return Contained<OwnershipTable>("etcd store " + url_ + ": read", [&] { return DoRead(); });
+}
+
+Result<OwnershipTable> EtcdStore::ReadSlots(const std::vector<Slot>& slots) {
+  return Contained<OwnershipTable>("etcd store " + url_ + ": read",
+                                   [&] { return DoReadSlots(slots); });
 }
 
 namespace {

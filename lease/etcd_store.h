@@ -6,6 +6,10 @@
 //                             range order); value {"owner","epoch","ttl_ms"};
 //                             attached to an etcd lease of its own
 //   PREFIX/counter            the highest epoch ever granted (decimal), no lease
+// Other keys under PREFIX/ are not this fleet's (a fleet at PREFIX/b keeps
+// its own there) and are ignored; a key under PREFIX/rows/ that is not a row
+// is DataLoss. (So a fleet's prefix should not end in "/rows": its keys would
+// sit among its parent fleet's rows.)
 //
 // Expiry is etcd's: a row whose etcd lease expired is gone, so every row
 // present is live, and no host's wall clock takes part in safety. Renewing a
@@ -19,14 +23,16 @@
 //   one txn that compares the mod_revision of each of them (an absent counter
 //   by create_revision 0), deletes the rows the table removed, and puts the
 //   new row (on a new lease) and the counter. A failed comparison is a lost
-//   race: its lease is revoked and the claim decides again, within its time.
+//   race (or this txn landed by a member whose answer was lost, then sent
+//   again: the row on the txn's own lease tells): its lease is revoked and
+//   the claim decides again, within its time.
 // - Release deletes its row by a txn on the row's mod_revision, then revokes
 //   the row's lease.
 // Wall times in rows and answers are this host's wall time plus the time
 // etcd says a lease has left: for display only.
 //
-// Time limits: Claim and Renew get ttl/3 (the refresher's limit); Release
-// and Read get Options::call_timeout.
+// Time limits: Claim and Renew get ttl/3 (the refresher's limit); Release,
+// Read and ReadSlots get Options::call_timeout.
 //
 // Thread-safety: all calls are safe from any thread.
 #pragma once
@@ -57,6 +63,13 @@ class EtcdStore final : public OwnershipStore {
                          Millis ttl) override;
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
   Result<OwnershipTable> Read() override;
+  // Every row is loaded, but etcd is asked the time left only of the rows
+  // that hold `slots`; the table holds those rows and the counter.
+  Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) override;
+
+  // How many lease timetolive calls a read has in flight at once: one call
+  // per row, and a table may have 16384 rows.
+  static constexpr std::size_t kTtlWorkers = 16;
   WallMs NowMs() const override { return wall_.NowMs(); }
   // Rows are already in this host's wall frame (its now + what etcd says a
   // lease has left), so nothing to convert; etcd alone decides expiry.
@@ -72,12 +85,33 @@ class EtcdStore final : public OwnershipStore {
   struct Snapshot;   // rows and counter read at one revision
 
  private:
+  // The calls above, which may throw (nlohmann, the allocator); each public
+  // call wraps its own.
+  Result<Decision> DoClaim(SlotRange range, const OwnerId& owner, Millis ttl, std::uint64_t floor);
+  Result<Decision> DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl);
+  Result<bool> DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch);
+  Result<OwnershipTable> DoRead();
+  Result<OwnershipTable> DoReadSlots(const std::vector<Slot>& slots);
+  // Sets each row's expiry from the time etcd says its lease has left, with
+  // up to kTtlWorkers calls at once, all within `deadline`. The first
+  // failure ends it.
+  Status FillExpiries(const std::vector<StoredRow*>& rows, MonoTime deadline);
   Result<Snapshot> Load(MonoTime deadline);
   Result<StoredRow> ParseRow(const EtcdKv& kv, SlotRange range) const;
+  // The row of `range` alone, nullopt when there is none; DataLoss when the
+  // answer holds any other key.
+  Result<std::optional<StoredRow>> ReadRow(SlotRange range, MonoTime deadline);
   // Keeps `row`'s lease alive for `ttl` (never shorter than it is): a
   // keepalive, or a move to a longer lease when `ttl` is above the row's.
   // nullopt when the row or its lease is gone.
   Result<std::optional<Grant>> Extend(const StoredRow& row, Millis ttl, MonoTime deadline);
+
+  // Whether `key` holds a row put on `lease`. A txn whose comparisons failed
+  // may have landed all the same: the client sends a txn again to the next
+  // member when the first gives no good answer, and the first may have
+  // carried it out. `lease` is new and used by that one txn alone, so a row
+  // on it is that txn's.
+  Result<bool> Landed(const std::string& key, std::int64_t lease, MonoTime deadline);
 
   const std::unique_ptr<EtcdClient> client_;
   const std::string prefix_;

@@ -4,6 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <filesystem>
+#include <fstream>
+
 #include "lease/fake_etcd.h"
 #include "lease/store_url.h"
 #include "lease/test_support.h"
@@ -265,6 +272,45 @@ TEST_F(EtcdStoreTest, read_gives_rows_with_the_time_etcd_says_they_have_left_and
   EXPECT_EQ(table->last_epoch(), Epoch(2));
 }
 
+TEST_F(EtcdStoreTest, read_slots_asks_etcd_the_time_left_only_of_the_rows_that_hold_them) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  AsGrant(store_->Claim(Range(100, 199), Owner("b"), Millis(3000), 0));
+  AsGrant(store_->Claim(Range(200, 299), Owner("c"), kTtl, 0));
+  const std::int64_t b_lease = LeaseOf(Range(100, 199));
+  etcd_->ClearSeen();
+  const auto table = store_->ReadSlots({150, 155, 5000});
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 1u);
+  EXPECT_EQ(table->rows()[0].owner, Owner("b"));
+  EXPECT_EQ(table->rows()[0].lease_expires_ms, kStart + 3000);
+  EXPECT_EQ(table->last_epoch(), Epoch(3));
+  const auto seen = etcd_->seen();
+  ASSERT_EQ(Paths(), (std::vector<std::string>{"/v3/kv/range", "/v3/lease/timetolive"}));
+  EXPECT_EQ(seen[1].request["ID"], std::to_string(b_lease));
+}
+
+TEST_F(EtcdStoreTest, read_asks_the_time_left_of_many_rows_at_once) {
+  for (int i = 0; i < 40; ++i) AsGrant(store_->Claim(Range(i, i), Owner("a"), kTtl, 0));
+  std::mutex mu;
+  std::condition_variable met;
+  int in_flight = 0;
+  int most = 0;
+  etcd_->before = [&](const std::string& path) {
+    if (path != "/v3/lease/timetolive") return;
+    std::unique_lock lock(mu);
+    most = std::max(most, ++in_flight);
+    met.notify_all();
+    // Serial calls would never meet: the wait ends by its limit, most stays 1.
+    met.wait_for(lock, std::chrono::seconds(2), [&] { return most >= 4; });
+    --in_flight;
+  };
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 40u);
+  for (const auto& row : table->rows()) EXPECT_EQ(row.lease_expires_ms, kStart + 9000);
+  EXPECT_GE(most, 4);
+}
+
 TEST_F(EtcdStoreTest, the_counter_never_goes_down) {
   etcd_->Put("fleet/a/counter", "41");
   EXPECT_EQ(AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0)).epoch, Epoch(42));
@@ -304,7 +350,7 @@ TEST_F(EtcdStoreTest, a_corrupt_row_or_counter_is_data_loss_naming_the_key_and_f
       {"fleet/a/rows/00099-00000", R"({"owner":"a","epoch":1,"ttl_ms":9000})", true, "neither a row"},
       {"fleet/a/rows/0-99", R"({"owner":"a","epoch":1,"ttl_ms":9000})", true, "neither a row"},
       {"fleet/a/rows/00000-16384", R"({"owner":"a","epoch":1,"ttl_ms":9000})", true, "neither a row"},
-      {"fleet/a/stray", "x", false, "neither a row"},
+      {"fleet/a/rows/stray", "x", false, "neither a row"},
       {"fleet/a/counter", "12x", false, "the epoch counter"},
       {"fleet/a/counter", "", false, "the epoch counter"},
       {"fleet/a/counter", "99999999999999999999", false, "the epoch counter"},
@@ -328,6 +374,16 @@ TEST_F(EtcdStoreTest, a_corrupt_row_or_counter_is_data_loss_naming_the_key_and_f
   }
 }
 
+TEST_F(EtcdStoreTest, a_row_value_nested_deep_is_data_loss_without_building_it) {
+  etcd_->Put("fleet/a/rows/00000-00099", std::string(4u << 20, '['), etcd_->GrantLease(9));
+  const auto started = std::chrono::steady_clock::now();
+  const auto table = store_->Read();
+  ASSERT_FALSE(table.ok());
+  EXPECT_EQ(table.status().code(), Code::kDataLoss);
+  EXPECT_NE(table.status().message().find("fleet/a/rows/00000-00099"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+}
+
 TEST_F(EtcdStoreTest, overlapping_rows_are_data_loss) {
   etcd_->Put("fleet/a/rows/00000-00099", R"({"owner":"a","epoch":1,"ttl_ms":9000})",
              etcd_->GrantLease(9));
@@ -345,6 +401,111 @@ TEST_F(EtcdStoreTest, keys_of_a_longer_prefix_are_not_read) {
   const auto table = store_->Read();
   ASSERT_TRUE(table.ok()) << table.status().message();
   EXPECT_TRUE(table->rows().empty());
+}
+
+// Two endpoints in front of one FakeEtcd; `mangle` may replace the answer the
+// first endpoint gives after the fake has carried the call out (a txn that
+// landed, whose answer a proxy garbled).
+class MangledFirstEndpoint final : public EtcdTransport {
+ public:
+  explicit MangledFirstEndpoint(FakeEtcd* etcd) : etcd_(etcd) {}
+  std::function<std::optional<EtcdHttpAnswer>(const EtcdHttpCall&)> mangle;
+  Result<EtcdHttpAnswer> Post(const EtcdHttpCall& call) override {
+    auto answer = etcd_->Post(call);
+    if (call.endpoint == "10.0.0.1:2379" && mangle) {
+      if (auto replaced = mangle(call)) return *replaced;
+    }
+    return answer;
+  }
+
+ private:
+  FakeEtcd* etcd_;
+};
+
+class EtcdStoreFailoverTest : public EtcdStoreTest {
+ protected:
+  EtcdStoreFailoverTest() {
+    auto transport = std::make_unique<MangledFirstEndpoint>(&fake_);
+    proxy_ = transport.get();
+    etcd_ = &fake_;
+    auto client = std::make_unique<EtcdClient>(
+        std::vector<std::string>{"10.0.0.1:2379", "10.0.0.2:2379"}, std::move(transport), mono_);
+    store_ = std::make_unique<EtcdStore>(std::move(client), "fleet/a", "etcd://10.0.0.1:2379/fleet/a",
+                                         wall_, mono_, EtcdStore::Options{});
+  }
+  FakeEtcd fake_;
+  MangledFirstEndpoint* proxy_ = nullptr;
+};
+
+TEST_F(EtcdStoreFailoverTest, a_claim_whose_txn_landed_but_whose_answer_was_lost_keeps_its_row_and_epoch) {
+  proxy_->mangle = [](const EtcdHttpCall& call) -> std::optional<EtcdHttpAnswer> {
+    if (call.path == "/v3/kv/txn") return EtcdHttpAnswer{200, "<html>ok</html>"};
+    return std::nullopt;
+  };
+  const Grant grant = AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_EQ(grant.epoch, Epoch(1));
+  EXPECT_TRUE(grant.fresh);
+  const auto row = etcd_->Get("fleet/a/rows/00000-00099");
+  ASSERT_TRUE(row) << "the row that landed was revoked away";
+  EXPECT_TRUE(etcd_->LeaseExists(row->lease));
+  EXPECT_EQ(nlohmann::json::parse(row->value)["epoch"], 1);
+  EXPECT_EQ(etcd_->Get("fleet/a/counter")->value, "1");
+}
+
+TEST_F(EtcdStoreFailoverTest, a_move_to_a_longer_lease_that_landed_but_whose_answer_was_lost_is_kept) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  const std::int64_t first = LeaseOf(Range(0, 99));
+  proxy_->mangle = [](const EtcdHttpCall& call) -> std::optional<EtcdHttpAnswer> {
+    if (call.path == "/v3/kv/txn") return EtcdHttpAnswer{500, "<html>oops</html>"};
+    return std::nullopt;
+  };
+  const Grant longer = AsGrant(store_->Renew(Range(0, 99), Owner("a"), Epoch(1), Millis(20'000)));
+  EXPECT_EQ(longer.epoch, Epoch(1));
+  EXPECT_EQ(longer.lease_expires_ms, kStart + 20'000);
+  const auto row = etcd_->Get("fleet/a/rows/00000-00099");
+  ASSERT_TRUE(row);
+  EXPECT_NE(row->lease, first);
+  EXPECT_TRUE(etcd_->LeaseExists(row->lease));
+  EXPECT_FALSE(etcd_->LeaseExists(first));
+}
+
+TEST_F(EtcdStoreTest, keys_of_a_fleet_nested_under_the_prefix_are_not_ours_and_are_left_alone) {
+  // The fleet at fleet/a/b, and something else's key beside it.
+  etcd_->Put("fleet/a/b/rows/00000-00099", R"({"owner":"z","epoch":7,"ttl_ms":9000})",
+             etcd_->GrantLease(9));
+  etcd_->Put("fleet/a/b/counter", "7");
+  etcd_->Put("fleet/a/notes", "not fleetfs");
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  EXPECT_TRUE(table->rows().empty());
+  EXPECT_EQ(table->last_epoch(), Epoch(0));
+  const Grant grant = AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_EQ(grant.epoch, Epoch(1));
+  EXPECT_EQ(etcd_->Get("fleet/a/b/counter")->value, "7");
+  EXPECT_TRUE(etcd_->Get("fleet/a/b/rows/00000-00099"));
+}
+
+TEST_F(EtcdStoreFailoverTest, a_row_read_back_under_another_key_is_data_loss) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  const auto row = etcd_->Get("fleet/a/rows/00000-00099");
+  etcd_->Put("fleet/a/decoy", row->value, row->lease);
+  // The member answers the read of the row with another key's value.
+  proxy_->mangle = [this](const EtcdHttpCall& call) -> std::optional<EtcdHttpAnswer> {
+    const auto request = nlohmann::json::parse(call.body);
+    if (call.path != "/v3/kv/range" || request.contains("range_end")) return std::nullopt;
+    EtcdHttpCall other = call;
+    other.body = nlohmann::json{{"key", Base64Encode("fleet/a/decoy")}}.dump();
+    return *fake_.Post(other);
+  };
+  const auto renewed = store_->Renew(Range(0, 99), Owner("a"), Epoch(1), kTtl);
+  ASSERT_FALSE(renewed.ok()) << DescribeDecision(*renewed);
+  EXPECT_EQ(renewed.status().code(), Code::kDataLoss);
+  EXPECT_NE(renewed.status().message().find("fleet/a/decoy"), std::string::npos)
+      << renewed.status().message();
+  const auto released = store_->Release(Range(0, 99), Owner("a"), Epoch(1));
+  ASSERT_FALSE(released.ok());
+  EXPECT_EQ(released.status().code(), Code::kDataLoss);
+  EXPECT_TRUE(etcd_->Get("fleet/a/rows/00000-00099"));
 }
 
 TEST(EtcdStoreUrl, names_endpoints_in_order_and_a_prefix) {
@@ -398,6 +559,42 @@ TEST(EtcdStoreUrl, tls_files_are_for_etcds_only_and_a_certificate_comes_with_its
   EXPECT_TRUE(CheckStoreTls(tls, {"/ca.pem", "/c.pem", "/k.pem"}).ok());
   EXPECT_NE(CheckStoreTls(tls, {"", "/c.pem", ""}).message().find("store_key"), std::string::npos);
   EXPECT_NE(CheckStoreTls(tls, {"ca.pem", "", ""}).message().find("absolute"), std::string::npos);
+}
+
+TEST(EtcdStoreUrl, a_tls_file_that_is_a_directory_or_a_key_under_a_passphrase_is_refused_naming_it) {
+  char dir_template[] = "/tmp/fleetfs-tls-XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  const std::string plain = dir + "/key.pem";
+  const std::string locked = dir + "/locked.pem";
+  const std::string old_style = dir + "/old.pem";
+  std::ofstream(plain) << "-----BEGIN PRIVATE KEY-----\nMC4CAQ==\n-----END PRIVATE KEY-----\n";
+  std::ofstream(locked) << "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMC4CAQ==\n"
+                           "-----END ENCRYPTED PRIVATE KEY-----\n";
+  std::ofstream(old_style) << "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"
+                              "DEK-Info: AES-256-CBC,00\n\nMC4CAQ==\n-----END RSA PRIVATE KEY-----\n";
+  EXPECT_TRUE(CheckStoreTlsFiles({plain, plain, plain}).ok());
+  const Status directory = CheckStoreTlsFiles({dir, "", ""});
+  EXPECT_EQ(directory.code(), Code::kInvalidArgument);
+  EXPECT_NE(directory.message().find("store_ca: " + dir + " is not a regular file"),
+            std::string::npos)
+      << directory.message();
+  for (const std::string& key : {locked, old_style}) {
+    const Status refused = CheckStoreTlsFiles({"", plain, key});
+    EXPECT_NE(refused.message().find("store_key: " + key + " is protected by a passphrase"),
+              std::string::npos)
+        << refused.message();
+  }
+  const Status missing = CheckStoreTlsFiles({"", dir + "/nope.pem", plain});
+  EXPECT_NE(missing.message().find("store_cert: " + dir + "/nope.pem: No such file"),
+            std::string::npos)
+      << missing.message();
+  // The store refuses them before any call.
+  SystemWallClock wall;
+  const auto store = OpenStore("etcds://127.0.0.1:1/p", wall, SqliteStore::Access::kExisting,
+                               {dir, "", ""});
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("not a regular file"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "fleet/status.h"
 #include "lease/ownership_table.h"
@@ -33,6 +34,13 @@ class OwnershipStore {
   virtual Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) = 0;
   // The whole table (rows and counter), read in one transaction.
   virtual Result<OwnershipTable> Read() = 0;
+  // The rows that hold `slots` and the counter: what `where` needs. A store
+  // where reading a row's expiry costs a call (etcd) reads only these;
+  // others read the whole table.
+  virtual Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) {
+    (void)slots;
+    return Read();
+  }
   // The store's time now, in the frame of its expiries (not a wall time).
   virtual std::int64_t NowMs() const = 0;
   // A store time as a wall time, for display only: wall_now - store_now +

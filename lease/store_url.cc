@@ -1,7 +1,15 @@
 #include "lease/store_url.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+
+#include "fleet/unique_fd.h"
 
 #include "lease/etcd_store.h"
 
@@ -150,12 +158,41 @@ Status CheckStoreTls(const StoreUrl& url, const StoreTls& tls) {
   return Status::Ok();
 }
 
+Status CheckStoreTlsFiles(const StoreTls& tls) {
+  for (const auto& [key, path] : {std::pair{"store_ca", &tls.ca}, std::pair{"store_cert", &tls.cert},
+                                  std::pair{"store_key", &tls.key}}) {
+    if (path->empty()) continue;
+    const std::string where = std::string(key) + ": " + *path;
+    UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (!fd.valid()) return InvalidArgument(where + ": " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return InvalidArgument(where + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) {
+      return InvalidArgument(where + " is not a regular file; name the PEM file itself");
+    }
+    if (path != &tls.key) continue;
+    // A PEM key under a passphrase says so in its first lines: PKCS#8
+    // "BEGIN ENCRYPTED PRIVATE KEY", or the older "Proc-Type: 4,ENCRYPTED".
+    std::string head(4096, '\0');
+    const ssize_t n = ::read(fd.get(), head.data(), head.size());
+    if (n < 0) return InvalidArgument(where + ": " + std::strerror(errno));
+    head.resize(static_cast<std::size_t>(n));
+    if (head.find("ENCRYPTED") != std::string::npos) {
+      return InvalidArgument(where + " is protected by a passphrase, which fleetfs has no way to "
+                             "give; store the key decrypted, readable only by the agent's user "
+                             "(openssl pkey -in KEY -out NEW_KEY; chmod 600 NEW_KEY)");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<OwnershipStore>> OpenStore(std::string_view url, const WallClock& clock,
                                                   SqliteStore::Access access,
                                                   const StoreTls& tls) {
   FLEETFS_ASSIGN_OR_RETURN(StoreUrl parsed, ParseStoreUrl(url));
   FLEETFS_RETURN_IF_ERROR(CheckStoreTls(parsed, tls));
   if (parsed.is_etcd()) {
+    FLEETFS_RETURN_IF_ERROR(CheckStoreTlsFiles(tls));
     static const SystemMonotonicClock mono;
     EtcdTls etcd_tls{parsed.scheme == StoreUrl::Scheme::kEtcds, tls.ca, tls.cert, tls.key};
     auto client = std::make_unique<EtcdClient>(parsed.endpoints,

@@ -46,7 +46,13 @@ Result<StoreUrl> ParseStoreUrl(std::string_view url);
 // opened here.
 Status CheckStoreTls(const StoreUrl& url, const StoreTls& tls);
 
-// Opens the store a URL names. `clock` must outlive the store. An etcd store
+// Checks the TLS files themselves: each one named is a regular file this
+// process can read, and the key is not encrypted (fleetfs has no passphrase
+// to give, and OpenSSL would ask for one on the terminal). The message names
+// the config key and the file.
+Status CheckStoreTlsFiles(const StoreTls& tls);
+
+// Opens the store a URL names (an etcds:// store after CheckStoreTlsFiles). `clock` must outlive the store. An etcd store
 // does not contact the cluster until its first call.
 Result<std::unique_ptr<OwnershipStore>> OpenStore(std::string_view url, const WallClock& clock,
                                                   SqliteStore::Access access,

@@ -29,6 +29,27 @@ def run(*args, timeout=60):
     return p.returncode, p.stdout, p.stderr, time.monotonic() - started
 
 
+def run_on_a_terminal(*args, timeout=60):
+    """`fleetfs ...` in a session of its own whose controlling terminal is a
+    fresh pseudo-terminal: (exit code, stdout, stderr, seconds)."""
+    import pty
+    master, slave = pty.openpty()
+    slave_name = os.ttyname(slave)
+    os.close(slave)
+
+    def take_terminal():
+        os.setsid()
+        os.close(os.open(slave_name, os.O_RDWR))  # a session leader's first tty is its own
+
+    started = time.monotonic()
+    try:
+        p = subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=take_terminal)
+    finally:
+        os.close(master)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - started
+
+
 def epoch_of(out):
     m = re.search(r"at epoch (\d+)", out)
     assert m, f"no epoch in {out!r}"
@@ -203,6 +224,35 @@ class EtcdStoreTest(unittest.TestCase):
         url = self.cluster.url("fleet/test", endpoints=[dead] + self.cluster.endpoints[1:])
         self.assertEqual(self.ls(url=url)["rows"][0]["owner"], "host-a")
 
+    def test_a_first_endpoint_that_answers_but_not_as_etcd_costs_one_retry(self):
+        import http.server
+        import threading
+        for status, body in ((200, b"<html>ok</html>"), (404, b"404 page not found"),
+                             (500, b"<html>Internal Server Error</html>")):
+            class NotEtcd(http.server.BaseHTTPRequestHandler):
+                def do_POST(self):
+                    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+                def log_message(self, *args):
+                    pass
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotEtcd)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            try:
+                fake = f"127.0.0.1:{server.server_address[1]}"
+                url = self.cluster.url("fleet/test", endpoints=[fake] + self.cluster.endpoints)
+                rc, out, err, took = self.claim("host-a", "0-99", url=url)
+                self.assertEqual(rc, 0, f"HTTP {status}: {out}{err}")
+                rc, out, err, _ = self.lease("ls", url=url)
+                self.assertEqual(rc, 0, f"HTTP {status}: {out}{err}")
+                self.assertLess(took, 1.0 + SLACK_S)
+            finally:
+                server.shutdown()
+                server.server_close()
+
     def test_killing_the_leader_keeps_renewals_working_through_the_quorum(self):
         # ttl 9 s: each renewal has 3 s, more than an election takes.
         epoch = epoch_of(self.assertOk(self.claim("host-a", "0-99", ttl="9s"), "claim"))
@@ -304,6 +354,71 @@ class EtcdStoreTest(unittest.TestCase):
             self.assertEqual(rc, 1, out + err)
             self.assertIn(f"etcd endpoint {secure.endpoints[0]}", err)
             self.assertIn("use etcds://", err)
+
+    def test_a_key_with_a_passphrase_or_a_directory_is_refused_at_once_naming_the_file(self):
+        with EtcdCluster(1, tls=True) as secure:
+            certs = secure.certs
+            url = secure.url("fleet/tls")
+            locked = os.path.join(secure.root, "locked_key.pem")
+            subprocess.run(["openssl", "pkey", "-in", certs["client_key"], "-aes256", "-passout",
+                            "pass:x", "-out", locked], check=True, capture_output=True)
+            # OpenSSL asks for a passphrase on /dev/tty: run on a terminal of
+            # its own, where a prompt would wait forever.
+            rc, out, err, took = run_on_a_terminal(
+                "lease", "ls", "--store", url, "--store-ca", certs["ca"], "--store-cert",
+                certs["client_cert"], "--store-key", locked, timeout=10)
+            self.assertNotEqual(rc, 0, out + err)
+            self.assertIn(locked, err)
+            self.assertIn("passphrase", err)
+            self.assertLess(took, 2.0 + SLACK_S)
+            rc, out, err, took = run("lease", "ls", "--store", url, "--store-ca", secure.root,
+                                     timeout=30)
+            self.assertEqual(rc, 2, out + err)
+            self.assertIn(f"store_ca: {secure.root}", err)
+            self.assertIn("not a regular file", err)
+
+    def test_a_fleet_nested_under_another_fleets_prefix_blocks_neither(self):
+        inner = self.cluster.url("fleet/test/b")
+        self.assertEqual(epoch_of(self.assertOk(self.claim("host-b", "0-99", url=inner),
+                                                "inner claim")), 1)
+        # The outer fleet's claim, ls and where ignore the inner fleet's keys.
+        self.assertEqual(epoch_of(self.assertOk(self.claim("host-a", "0-99"), "outer claim")), 1)
+        self.assertEqual([(r["range"], r["owner"]) for r in self.ls()["rows"]], [("0-99", "host-a")])
+        self.assertEqual([(r["range"], r["owner"]) for r in self.ls(url=inner)["rows"]],
+                         [("0-99", "host-b")])
+        rc, out, err, _ = run("where", "--json", "{user1000}.following", "--store", self.url)
+        self.assertEqual(rc, 6, out + err)  # slot 3443: not claimed in the outer fleet
+
+    def test_where_and_ls_on_a_table_of_thousands_of_rows_answer_within_their_limit(self):
+        import base64
+        from etcd_cluster import post
+
+        def b64(text):
+            return base64.b64encode(text.encode()).decode()
+        endpoint = self.cluster.endpoints[0]
+        lease = post(endpoint, "/v3/lease/grant", {"TTL": "120"})["ID"]
+        rows = 4000
+        # One-slot rows 0..3999 owned by host-x, put 125 to a txn (etcd allows 128 operations).
+        for start in range(0, rows, 125):
+            puts = [{"request_put": {
+                "key": b64(f"fleet/test/rows/{i:05d}-{i:05d}"),
+                "value": b64(json.dumps({"owner": "host-x", "epoch": i + 1, "ttl_ms": 60000})),
+                "lease": lease}} for i in range(start, min(start + 125, rows))]
+            self.assertIsNotNone(post(endpoint, "/v3/kv/txn", {"success": puts}, timeout=10))
+        post(endpoint, "/v3/kv/put", {"key": b64("fleet/test/counter"), "value": b64(str(rows))})
+        # {user1000}.following is slot 3443.
+        rc, out, err, took = run("where", "--json", "{user1000}.following", "--store", self.url)
+        self.assertEqual(rc, 0, out + err)
+        key = json.loads(out)["keys"][0]
+        self.assertEqual((key["slot"], key["owner"], key["epoch"], key["served"]),
+                         (3443, "host-x", 3444, True))
+        self.assertLess(took, 1.0 + SLACK_S)
+        rc, out, err, took = self.lease("ls", "--json")
+        self.assertEqual(rc, 0, out + err)
+        table = json.loads(out)
+        self.assertEqual(len(table["rows"]), rows)
+        self.assertFalse(any(r["lapsed"] for r in table["rows"]))
+        self.assertEqual(table["last_epoch"], rows)
 
     # -- etcd's clock --
 

@@ -577,7 +577,9 @@ int Agent::Run(std::ostream& err) {
     // An epoch in the replica above the store's counter is corruption, never
     // a fence: read on the shipping thread, only when an object claims one.
     ro.epoch_ceiling = [store]() -> Result<std::uint64_t> {
-      FLEETFS_ASSIGN_OR_RETURN(lease::OwnershipTable table, store->Read());
+      // Only the counter: on etcd a full Read asks every row's lease time,
+      // and one failed call among thousands would judge a real fence corrupt.
+      FLEETFS_ASSIGN_OR_RETURN(lease::OwnershipTable table, store->ReadSlots({}));
       return table.last_epoch().value();
     };
     ro.on_newer_epoch = [this](Slot slot, std::uint64_t newer) {

@@ -28,11 +28,15 @@ constexpr std::size_t kMaxAnswerBytes = 16u << 20;
 // hostile 16 MiB answer costs gigabytes.
 constexpr JsonLimits kAnswerLimits{.max_depth = 8, .max_values = 1'000'000};
 
-// gRPC codes the gateway passes on in error answers.
-constexpr int kGrpcCanceled = 1;
-constexpr int kGrpcDeadlineExceeded = 4;
+// The gRPC code the gateway passes on for a lease that is gone.
 constexpr int kGrpcNotFound = 5;
-constexpr int kGrpcUnavailable = 14;
+
+// Every refusal etcd itself makes says so: its messages are its server's
+// errors ("etcdserver: requested lease not found"). Another gRPC gateway, or
+// an ingress in front of a dead member, answers with the same codes and
+// other words; taking its 404 as the cluster's refusal would end every call
+// on it while a good member waits in the URL.
+constexpr std::string_view kEtcdServerPrefix = "etcdserver: ";
 
 constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -124,10 +128,18 @@ class AnswerReader {
     return std::move(*decoded);
   }
 
-  Result<std::int64_t> HeaderRevision(const Json& answer) const {
-    FLEETFS_ASSIGN_OR_RETURN(const Json* header, Object(answer, "header", "header"));
-    if (header == nullptr) return std::int64_t{0};
-    return Int64(*header, "revision", "header.revision");
+  // Every answer of etcd carries a header with the store's revision, 1 or
+  // more from the cluster's first moment. Without this check a member that
+  // answers "{}" passes as "no keys", "lease gone" or "compare failed": a
+  // renewal through it would find its row gone and drop the range.
+  Result<std::int64_t> HeaderRevision(const Json& answer,
+                                      const std::string& field = "header") const {
+    FLEETFS_ASSIGN_OR_RETURN(const Json* header, Object(answer, "header", field));
+    if (header == nullptr) return Bad(field, "every etcd answer has one");
+    FLEETFS_ASSIGN_OR_RETURN(const std::int64_t revision,
+                             Int64(*header, "revision", field + ".revision"));
+    if (revision < 1) return Bad(field + ".revision", "is 1 or more in every etcd answer");
+    return revision;
   }
 
  private:
@@ -488,8 +500,9 @@ Status EtcdClient::Call(std::string_view path, const std::string& body, MonoTime
         message += ": '" + Printable(std::string_view(answer->body).substr(0, 120)) + "'";
       }
       const std::string said = who + " refused " + std::string(path) + ": " + message;
-      if (gateway && IsDefinitiveRefusal(grpc)) {
-        preferred_.store(index);  // it answered, if only to refuse
+      if (gateway && IsDefinitiveRefusal(grpc) && message.rfind(kEtcdServerPrefix, 0) == 0) {
+        // Final, but not a reason to prefer this member: a refusal is cheap
+        // to fake, and a good answer moves the preference soon enough.
         if (grpc == kGrpcNotFound) return NotFound(said);
         return Status(Code::kFailedPrecondition, said);
       }
@@ -617,6 +630,7 @@ Result<EtcdLease> EtcdClient::Grant(std::int64_t ttl_s, MonoTime deadline) {
                     "etcd endpoint " + endpoint + " refused a lease: " +
                         Printable(error->get_ref<const std::string&>().substr(0, 300)));
     }
+    FLEETFS_RETURN_IF_ERROR(read.HeaderRevision(json).status());
     FLEETFS_ASSIGN_OR_RETURN(lease.id, read.Int64(json, "ID", "ID"));
     FLEETFS_ASSIGN_OR_RETURN(lease.ttl_s, read.Ttl(json, "TTL", "TTL"));
     if (lease.id == 0) return read.Bad("ID", "a granted lease has an id");
@@ -650,6 +664,7 @@ Result<std::optional<std::int64_t>> EtcdClient::KeepAlive(std::int64_t lease, Mo
     }
     FLEETFS_ASSIGN_OR_RETURN(const Json* result, read.Object(json, "result", "result"));
     if (result == nullptr) return read.Bad("result", "a keepalive answer has one");
+    FLEETFS_RETURN_IF_ERROR(read.HeaderRevision(*result, "result.header").status());
     FLEETFS_ASSIGN_OR_RETURN(const std::int64_t id, read.Int64(*result, "ID", "result.ID"));
     FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Ttl(*result, "TTL", "result.TTL"));
     if (id != lease) {
@@ -683,6 +698,7 @@ Result<std::optional<std::int64_t>> EtcdClient::TimeToLive(std::int64_t lease, M
                                [&](const std::string& endpoint, const std::string& body) -> Status {
     const AnswerReader read(endpoint, kPath);
     FLEETFS_ASSIGN_OR_RETURN(const Json json, read.Parse(body));
+    FLEETFS_RETURN_IF_ERROR(read.HeaderRevision(json).status());
     FLEETFS_ASSIGN_OR_RETURN(const std::int64_t ttl, read.Ttl(json, "TTL", "TTL"));
     left = ttl < 0 ? std::nullopt : std::optional<std::int64_t>(ttl);
     return Status::Ok();

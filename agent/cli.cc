@@ -193,18 +193,34 @@ std::string TimeLeft(WallMs expires, WallMs now) {
   return lease::FormatDuration(Millis(expires - now));
 }
 
-int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
+// The store a reading command names, opened without creating it; null after
+// printing why (the exit code in `code`).
+std::unique_ptr<lease::OwnershipStore> OpenToRead(const LeaseArgs& args, const WallClock& clock,
+                                                  std::ostream& err, int& code) {
   auto checked = Check(args, false, false);
-  if (!checked.ok()) return Fail(err, checked.status());
-  SystemWallClock clock;
+  if (!checked.ok()) {
+    code = Fail(err, checked.status());
+    return nullptr;
+  }
   auto store =
       lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting, checked->tls);
-  if (!store.ok()) return Fail(err, store.status());
-  auto table = (*store)->Read();
+  if (!store.ok()) {
+    code = Fail(err, store.status());
+    return nullptr;
+  }
+  return std::move(store).value();
+}
+
+int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
+  SystemWallClock clock;
+  int code = kExitOk;
+  auto store = OpenToRead(args, clock, err, code);
+  if (store == nullptr) return code;
+  auto table = store->Read();
   if (!table.ok()) return Fail(err, table.status());
   // Lapses and time left are decided in the store's frame; the wall times
   // shown are ToWallMs's, for display only.
-  const lease::OwnershipStore& frame = **store;
+  const lease::OwnershipStore& frame = *store;
   const std::int64_t now = frame.NowMs();
   if (args.json) {
     Json rows = Json::array();
@@ -220,7 +236,7 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
                       {"left_ms", std::max<std::int64_t>(0, row.lease_expires_ms - now)},
                       {"lapsed", row.lease_expires_ms <= now}});
     }
-    out << Dump({{"store", (*store)->url()},
+    out << Dump({{"store", store->url()},
                  {"now_ms", frame.ToWallMs(now)},
                  {"last_epoch", table->last_epoch().value()},
                  {"rows", rows}})
@@ -234,8 +250,8 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
                     LocalTime(frame.ToWallMs(row.lease_expires_ms)),
                     TimeLeft(row.lease_expires_ms, now)});
   }
-  out << "store " << (*store)->url() << ", highest epoch granted "
-      << table->last_epoch().value() << '\n';
+  out << "store " << store->url() << ", highest epoch granted " << table->last_epoch().value()
+      << '\n';
   if (table->rows().empty()) {
     out << "no range is claimed\n";
   } else {
@@ -302,18 +318,16 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
 // stopped serving at least ttl/3 before the store lease ended.
 int RunWhere(const std::vector<std::string>& keys, const LeaseArgs& args, std::ostream& out,
              std::ostream& err) {
-  auto checked = Check(args, false, false);
-  if (!checked.ok()) return Fail(err, checked.status());
   SystemWallClock clock;
-  auto store =
-      lease::OpenStore(checked->url, clock, lease::SqliteStore::Access::kExisting, checked->tls);
-  if (!store.ok()) return Fail(err, store.status());
+  int code = kExitOk;
+  auto store = OpenToRead(args, clock, err, code);
+  if (store == nullptr) return code;
   std::vector<Slot> slots;
   for (const std::string& key : keys) slots.push_back(KeySlot(key));
   // Only the rows that hold these slots: on etcd each row's expiry is a call.
-  auto table = (*store)->ReadSlots(slots);
+  auto table = store->ReadSlots(slots);
   if (!table.ok()) return Fail(err, table.status());
-  const WallMs now = (*store)->NowMs();
+  const WallMs now = store->NowMs();
   bool all_served = true;
   Json list = Json::array();
   std::vector<std::vector<std::string>> rows = {
@@ -335,20 +349,20 @@ int RunWhere(const std::vector<std::string>& keys, const LeaseArgs& args, std::o
       entry["epoch"] = row->epoch.value();
       // The row's times are the store's own clock; the wall time is for
       // people and routers' logs, never for deciding.
-      const WallMs expires = (*store)->ToWallMs(row->lease_expires_ms);
+      const WallMs expires = store->ToWallMs(row->lease_expires_ms);
       entry["lease_expires_ms"] = expires;
       entry["lease_expires"] = lease::FormatWallTime(expires);
       entry["left_ms"] = std::max<WallMs>(0, row->lease_expires_ms - now);
       rows.push_back({Printable(key), std::to_string(slot), row->range.ToString(),
                       served ? Printable(row->owner.str())
                              : "(nobody: " + Printable(row->owner.str()) + "'s lease lapsed)",
-                      row->epoch.ToString(), LocalTime((*store)->ToWallMs(row->lease_expires_ms)),
+                      row->epoch.ToString(), LocalTime(store->ToWallMs(row->lease_expires_ms)),
                       TimeLeft(row->lease_expires_ms, now)});
     }
     list.push_back(std::move(entry));
   }
   if (args.json) {
-    out << Dump({{"store", (*store)->url()}, {"now_ms", (*store)->ToWallMs(now)}, {"keys", list}})
+    out << Dump({{"store", store->url()}, {"now_ms", store->ToWallMs(now)}, {"keys", list}})
         << '\n';
   } else {
     PrintTable(out, rows);

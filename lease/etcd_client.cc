@@ -146,28 +146,22 @@ class AnswerReader {
   std::string where_;
 };
 
-std::string CompareTarget(EtcdCompare::Target target) {
-  switch (target) {
-    case EtcdCompare::Target::kModRevision:
-      return "MOD";
-    case EtcdCompare::Target::kCreateRevision:
-      return "CREATE";
-    case EtcdCompare::Target::kVersion:
-      return "VERSION";
-  }
-  return "MOD";
-}
+// How the gateway names a comparison's target, and the field its value goes in.
+struct CompareNames {
+  const char* target;
+  const char* field;
+};
 
-const char* CompareField(EtcdCompare::Target target) {
+CompareNames NamesOf(EtcdCompare::Target target) {
   switch (target) {
     case EtcdCompare::Target::kModRevision:
-      return "mod_revision";
+      return {"MOD", "mod_revision"};
     case EtcdCompare::Target::kCreateRevision:
-      return "create_revision";
+      return {"CREATE", "create_revision"};
     case EtcdCompare::Target::kVersion:
-      return "version";
+      return {"VERSION", "version"};
   }
-  return "mod_revision";
+  return {"MOD", "mod_revision"};
 }
 
 // ── libcurl ────────────────────────────────────────────────────────────────
@@ -582,9 +576,9 @@ Result<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn, MonoTime deadline) {
   Json compare = Json::array();
   for (const EtcdCompare& c : txn.compare) {
     compare.push_back({{"key", Base64Encode(c.key)},
-                       {"target", CompareTarget(c.target)},
+                       {"target", NamesOf(c.target).target},
                        {"result", "EQUAL"},
-                       {CompareField(c.target), std::to_string(c.value)}});
+                       {NamesOf(c.target).field, std::to_string(c.value)}});
   }
   Json success = Json::array();
   for (const EtcdOp& op : txn.success) {

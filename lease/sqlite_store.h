@@ -6,8 +6,13 @@
 // row and gets Held. A connection waits for the write lock (busy timeout)
 // instead of failing with "database is locked". The decision's time is read
 // after the lock is taken, so decisions are ordered in time as they are in the
-// table. The database runs in WAL mode with synchronous=FULL: a granted epoch
-// is on disk before the grant is answered, so the counter never goes back.
+// table. The database runs in WAL mode. A claim, the schema and its migration
+// commit with synchronous=FULL: a granted epoch is on disk before the grant is
+// answered, so the counter never goes back. A renewal or a release commits
+// with synchronous=NORMAL (no sync): it survives a crash of the process but
+// maybe not of the OS, which ends every lease of this boot anyway (the
+// argument is beside Renew in sqlite_store.cc); so a disk whose syncs stall
+// no longer holds up every renewal.
 //
 // Lease expiries are on the host's boot clock (CLOCK_BOOTTIME, which no
 // `date -s` moves), with the boot id beside each row: a row written under
@@ -51,6 +56,9 @@ class SqliteStore final : public OwnershipStore {
     // The clock leases are measured on; null: the host's (SystemBootClock).
     // Must outlive the store.
     const BootClock* boot = nullptr;
+    // The SQLite VFS the connections use, by its registered name; empty: the
+    // default. For tests that watch the store's file calls (its syncs).
+    std::string vfs{};
   };
 
   // Opens (and with kCreate, initializes) the control database at `path`.
@@ -81,10 +89,18 @@ class SqliteStore final : public OwnershipStore {
 
   Result<ConnectionPtr> Acquire();
   void Return(ConnectionPtr connection);
+  // How a decision's COMMIT reaches the disk; why each decision has the one
+  // it has is told in sqlite_store.cc.
+  enum class Durability {
+    kSynced,    // synchronous=FULL: the WAL is synced before COMMIT returns
+    kUnsynced,  // synchronous=NORMAL: written to the WAL, not synced
+  };
+
   // Runs `decide` on the table loaded inside one BEGIN IMMEDIATE transaction
-  // and writes what it changed; a decision that fails writes nothing.
+  // and writes what it changed, committed with `durability`; a decision that
+  // fails writes nothing.
   template <typename T, typename Decide>
-  Result<T> Decide(Decide&& decide);
+  Result<T> Decide(Durability durability, Decide&& decide);
 
   const std::string path_;
   const WallClock& wall_;

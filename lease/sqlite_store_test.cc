@@ -8,6 +8,8 @@
 #include <barrier>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -74,6 +76,160 @@ void RunSql(const std::string& path, const char* sql) {
   sqlite3_free(error);
   sqlite3_close(db);
 }
+
+// A VFS over the default one that counts each file's syncs and keeps what
+// each file held at its last sync: the least an OS crash or a power loss
+// can leave of it (every write after a file's last sync lost).
+class SyncWatchingVfs {
+ public:
+  static constexpr const char* kName = "fleetfs-sync-watching";
+
+  // Registers it once (not as the default) and returns it.
+  static SyncWatchingVfs& Get() {
+    static SyncWatchingVfs* vfs = new SyncWatchingVfs();
+    return *vfs;
+  }
+
+  // Syncs of files whose name ends with `suffix` ("" for every file) since
+  // the last ResetSyncs.
+  int Syncs(const std::string& suffix = "") {
+    std::lock_guard lock(mu_);
+    int count = 0;
+    for (const auto& [name, file] : files_) {
+      if (name.ends_with(suffix)) count += file.syncs;
+    }
+    return count;
+  }
+  void ResetSyncs() {
+    std::lock_guard lock(mu_);
+    for (auto& [name, file] : files_) file.syncs = 0;
+  }
+
+  // Writes what the control database at `from` (and its WAL) held at their
+  // last syncs to `to`: the files as a crash of the OS at this moment could
+  // leave them, at worst. No -shm: recovery rebuilds it from the WAL.
+  void CopyAsACrashWouldLeave(const std::string& from, const std::string& to) {
+    std::lock_guard lock(mu_);
+    for (const std::string suffix : {"", "-wal"}) {
+      const auto it = files_.find(from + suffix);
+      if (it == files_.end() || !it->second.synced) continue;
+      std::ofstream out(to + suffix, std::ios::binary | std::ios::trunc);
+      out << *it->second.synced;
+      ASSERT_TRUE(out.good()) << to + suffix;
+    }
+  }
+
+ private:
+  struct Watched {
+    int syncs = 0;
+    std::optional<std::string> synced;  // the content at the last sync
+  };
+  // What SQLite allocates for an open file (szOsFile): this, then the
+  // default VFS's file.
+  struct File {
+    sqlite3_file base;
+    sqlite3_file* real;
+    const char* name;  // SQLite keeps it valid until xClose; null: a temp file
+  };
+  static_assert(sizeof(File) % 8 == 0, "the default VFS's file follows, 8-byte aligned");
+
+  SyncWatchingVfs() {
+    real_ = sqlite3_vfs_find(nullptr);
+    vfs_ = *real_;  // the default's methods take only its pAppData and sizes
+    vfs_.zName = kName;
+    vfs_.szOsFile = static_cast<int>(sizeof(File)) + real_->szOsFile;
+    vfs_.pNext = nullptr;
+    vfs_.xOpen = &Open;
+    io_ = {};
+    io_.iVersion = 3;
+    io_.xClose = [](sqlite3_file* f) {
+      sqlite3_file* real = Real(f);
+      return real->pMethods->xClose(real);
+    };
+    io_.xRead = [](sqlite3_file* f, void* buffer, int amount, sqlite3_int64 offset) {
+      return Real(f)->pMethods->xRead(Real(f), buffer, amount, offset);
+    };
+    io_.xWrite = [](sqlite3_file* f, const void* buffer, int amount, sqlite3_int64 offset) {
+      return Real(f)->pMethods->xWrite(Real(f), buffer, amount, offset);
+    };
+    io_.xTruncate = [](sqlite3_file* f, sqlite3_int64 size) {
+      return Real(f)->pMethods->xTruncate(Real(f), size);
+    };
+    io_.xSync = &Sync;
+    io_.xFileSize = [](sqlite3_file* f, sqlite3_int64* size) {
+      return Real(f)->pMethods->xFileSize(Real(f), size);
+    };
+    io_.xLock = [](sqlite3_file* f, int lock) { return Real(f)->pMethods->xLock(Real(f), lock); };
+    io_.xUnlock = [](sqlite3_file* f, int lock) {
+      return Real(f)->pMethods->xUnlock(Real(f), lock);
+    };
+    io_.xCheckReservedLock = [](sqlite3_file* f, int* out) {
+      return Real(f)->pMethods->xCheckReservedLock(Real(f), out);
+    };
+    io_.xFileControl = [](sqlite3_file* f, int op, void* arg) {
+      return Real(f)->pMethods->xFileControl(Real(f), op, arg);
+    };
+    io_.xSectorSize = [](sqlite3_file* f) { return Real(f)->pMethods->xSectorSize(Real(f)); };
+    io_.xDeviceCharacteristics = [](sqlite3_file* f) {
+      return Real(f)->pMethods->xDeviceCharacteristics(Real(f));
+    };
+    io_.xShmMap = [](sqlite3_file* f, int page, int size, int extend, void volatile** out) {
+      return Real(f)->pMethods->xShmMap(Real(f), page, size, extend, out);
+    };
+    io_.xShmLock = [](sqlite3_file* f, int offset, int n, int flags) {
+      return Real(f)->pMethods->xShmLock(Real(f), offset, n, flags);
+    };
+    io_.xShmBarrier = [](sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); };
+    io_.xShmUnmap = [](sqlite3_file* f, int remove) {
+      return Real(f)->pMethods->xShmUnmap(Real(f), remove);
+    };
+    io_.xFetch = [](sqlite3_file* f, sqlite3_int64 offset, int amount, void** out) {
+      return Real(f)->pMethods->xFetch(Real(f), offset, amount, out);
+    };
+    io_.xUnfetch = [](sqlite3_file* f, sqlite3_int64 offset, void* page) {
+      return Real(f)->pMethods->xUnfetch(Real(f), offset, page);
+    };
+    EXPECT_EQ(sqlite3_vfs_register(&vfs_, /*makeDflt=*/0), SQLITE_OK);
+  }
+
+  static sqlite3_file* Real(sqlite3_file* f) { return reinterpret_cast<File*>(f)->real; }
+
+  static int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
+    SyncWatchingVfs& self = Get();
+    auto* file = reinterpret_cast<File*>(f);
+    file->real = reinterpret_cast<sqlite3_file*>(file + 1);
+    file->name = name;
+    const int rc = self.real_->xOpen(self.real_, name, file->real, flags, out_flags);
+    // SQLite calls xClose only on a file whose pMethods is set.
+    file->base.pMethods = file->real->pMethods != nullptr ? &self.io_ : nullptr;
+    return rc;
+  }
+
+  static int Sync(sqlite3_file* f, int flags) {
+    auto* file = reinterpret_cast<File*>(f);
+    const int rc = file->real->pMethods->xSync(file->real, flags);
+    if (rc != SQLITE_OK || file->name == nullptr) return rc;
+    sqlite3_int64 size = 0;
+    if (file->real->pMethods->xFileSize(file->real, &size) != SQLITE_OK) return SQLITE_IOERR;
+    std::string content(static_cast<std::size_t>(size), '\0');
+    if (size > 0 && file->real->pMethods->xRead(file->real, content.data(), static_cast<int>(size),
+                                                0) != SQLITE_OK) {
+      return SQLITE_IOERR;
+    }
+    SyncWatchingVfs& self = Get();
+    std::lock_guard lock(self.mu_);
+    Watched& watched = self.files_[file->name];
+    ++watched.syncs;
+    watched.synced = std::move(content);
+    return rc;
+  }
+
+  sqlite3_vfs* real_;
+  sqlite3_vfs vfs_;
+  sqlite3_io_methods io_;
+  std::mutex mu_;                         // guards files_
+  std::map<std::string, Watched> files_;  // by the path SQLite opened
+};
 
 TEST(SqliteStore, decisions_persist_across_reopen) {
   TempDir dir;
@@ -524,6 +680,102 @@ TEST(SqliteStore, after_a_reboot_an_owner_reclaims_its_own_row_at_its_epoch_as_a
   EXPECT_EQ(a.epoch, Epoch(1));
   EXPECT_FALSE(a.fresh);
   EXPECT_EQ(a.lease_expires_ms, 5'000 + kTtl.count());
+}
+
+// The rows as "range owner epoch expiry; ...", so a failure shows them.
+std::string RowsOf(const Result<OwnershipTable>& table) {
+  if (!table.ok()) return table.status().message();
+  std::string out;
+  for (const auto& row : table->rows()) {
+    out += row.range.ToString() + " " + row.owner.str() + " " + row.epoch.ToString() + " " +
+           std::to_string(row.lease_expires_ms) + "; ";
+  }
+  return out + "last epoch " + table->last_epoch().ToString();
+}
+
+// A store whose files SyncWatchingVfs watches.
+std::unique_ptr<SqliteStore> OpenWatched(const std::string& path, FakeClocks& clocks) {
+  SyncWatchingVfs::Get();
+  auto store =
+      SqliteStore::Open(path, clocks, {.boot = &clocks.boot, .vfs = SyncWatchingVfs::kName});
+  EXPECT_TRUE(store.ok()) << store.status().message();
+  return store.ok() ? std::move(store).value() : nullptr;
+}
+
+TEST(SqliteStore, a_claim_is_synced_before_it_is_answered_and_a_renewal_or_release_is_not) {
+  TempDir dir;
+  FakeClocks clock(1'000'000);
+  const std::string path = dir.File("control.db");
+  auto store = OpenWatched(path, clock);
+  SyncWatchingVfs& vfs = SyncWatchingVfs::Get();
+  vfs.ResetSyncs();
+  const Grant a = AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_GE(vfs.Syncs("-wal"), 1) << "a claim that takes a new epoch is on disk when answered";
+  vfs.ResetSyncs();
+  clock.Advance(Millis(10'000));
+  AsGrant(store->Renew(Range(0, 99), Owner("a"), a.epoch, kTtl));
+  EXPECT_EQ(vfs.Syncs(), 0) << "a renewal waits for no sync";
+  ASSERT_TRUE(*store->Release(Range(0, 99), Owner("a"), a.epoch));
+  EXPECT_EQ(vfs.Syncs(), 0) << "a release waits for no sync";
+  // The owner's own released row, reclaimed at its epoch, is a claim all the
+  // same: synced, after the unsynced decisions on the same connection.
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  EXPECT_GE(vfs.Syncs("-wal"), 1);
+  vfs.ResetSyncs();
+  EXPECT_EQ(AsGrant(store->Claim(Range(100, 199), Owner("b"), kTtl, 0)).epoch, Epoch(2));
+  EXPECT_GE(vfs.Syncs("-wal"), 1);
+}
+
+// The argument for unsynced renewals and releases, played out: what an OS
+// crash can lose of them, the next boot would not have seen anyway.
+TEST(SqliteStore, renewals_and_releases_lost_to_an_os_crash_change_nothing_the_next_boot_sees) {
+  TempDir dir;
+  FakeClocks clock(1'000'000, "boot-1");
+  const std::string path = dir.File("control.db");
+  auto store = OpenWatched(path, clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  AsGrant(store->Claim(Range(100, 199), Owner("b"), kTtl, 0));
+  clock.Advance(Millis(20'000));
+  EXPECT_EQ(AsGrant(store->Renew(Range(0, 99), Owner("a"), Epoch(1), kTtl)).lease_expires_ms,
+            1'050'000);
+  ASSERT_TRUE(*store->Release(Range(100, 199), Owner("b"), Epoch(2)));
+  SyncWatchingVfs::Get().CopyAsACrashWouldLeave(path, dir.File("crashed.db"));
+
+  // Had the boot gone on (it cannot: this is the copy a crash leaves), the
+  // renewal and the release would be lost: the crash did lose them.
+  FakeClocks same_boot(1'020'000, "boot-1");
+  EXPECT_EQ(RowsOf(OpenOrDie(dir.File("crashed.db"), same_boot)->Read()),
+            "0-99 a 1 1030000; 100-199 b 2 1030000; last epoch 2");
+  // But a crash is a reboot: every row of boot-1 has ended, with its owner
+  // and epoch, exactly as in the file that lost nothing.
+  FakeClocks next_boot(5'000, "boot-2");
+  const auto crashed = OpenOrDie(dir.File("crashed.db"), next_boot)->Read();
+  const auto intact = OpenOrDie(path, next_boot, SqliteStore::Access::kExisting)->Read();
+  EXPECT_EQ(RowsOf(crashed), "0-99 a 1 0; 100-199 b 2 0; last epoch 2");
+  EXPECT_EQ(RowsOf(crashed), RowsOf(intact));
+}
+
+TEST(SqliteStore, a_claim_answered_after_unsynced_decisions_survives_an_os_crash_with_them) {
+  TempDir dir;
+  FakeClocks clock(1'000'000, "boot-1");
+  const std::string path = dir.File("control.db");
+  auto store = OpenWatched(path, clock);
+  AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  clock.Advance(Millis(20'000));
+  AsGrant(store->Renew(Range(0, 99), Owner("a"), Epoch(1), kTtl));
+  // A handover: a releases, c claims the range at once.
+  ASSERT_TRUE(*store->Release(Range(0, 99), Owner("a"), Epoch(1)));
+  EXPECT_EQ(AsGrant(store->Claim(Range(0, 99), Owner("c"), kTtl, 0)).epoch, Epoch(2));
+  SyncWatchingVfs::Get().CopyAsACrashWouldLeave(path, dir.File("crashed.db"));
+
+  FakeClocks same_boot(1'020'000, "boot-1");
+  EXPECT_EQ(RowsOf(OpenOrDie(dir.File("crashed.db"), same_boot)->Read()),
+            "0-99 c 2 1050000; last epoch 2");
+  // After the reboot the counter is where the answered claim left it: epoch 2
+  // is never granted again.
+  FakeClocks next_boot(5'000, "boot-2");
+  auto rebooted = OpenOrDie(dir.File("crashed.db"), next_boot);
+  EXPECT_EQ(AsGrant(rebooted->Claim(Range(0, 99), Owner("d"), kTtl, 0)).epoch, Epoch(3));
 }
 
 TEST(SqliteStore, to_wall_ms_shows_a_store_time_on_the_wall_clock_of_now) {

@@ -98,6 +98,13 @@ class IdleConnections:
 
 
 class AdminServer(MountTest):
+    # These tests are about the admin port, not leases, and no assertion here
+    # depends on when a lease lapses. At the default ttl of 3 s a store call
+    # has 1 s; a busy CI disk has stalled the control database for seconds,
+    # lapsing the range and failing the write through the mount at the end.
+    # At 10 s each call has 3.3 s.
+    TTL = "10s"
+
     def health_answers(self, a, what):
         started = time.monotonic()
         try:
@@ -109,7 +116,7 @@ class AdminServer(MountTest):
         self.assertTrue(a.running(), f"the agent exited after {what}")
 
     def test_health_answers_while_hundreds_of_idle_connections_and_hostile_requests_arrive(self):
-        a = self.agent("a").start()
+        a = self.agent("a", ttl=self.TTL).start()
         a.wait_states("serving")
         idle = IdleConnections(a.admin_port, IDLE_CONNECTIONS).start()
         self.addCleanup(idle.close)
@@ -166,7 +173,7 @@ class AdminServer(MountTest):
         self.assertEqual(a.http("/status")[0], 200)
 
     def test_a_connection_that_never_finishes_its_request_is_closed_within_seconds(self):
-        a = self.agent("a").start()
+        a = self.agent("a", ttl=self.TTL).start()
         a.wait_states("serving")
         for payload in (b"", b"GET /health HTTP/1.1\r\nHost: x"):
             with socket.create_connection(("127.0.0.1", a.admin_port), timeout=30) as s:

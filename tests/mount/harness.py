@@ -175,6 +175,10 @@ class MountTest(unittest.TestCase):
                 sys.stderr.write("\n" + agent.log_tail() + "\n")
         for agent in self.agents:
             agent.cleanup()
+        if result and any(t is self for t, _ in result.failures + result.errors) and \
+                os.environ.get("FLEETFS_KEEP_FAILED_ROOT"):  # for debugging a failed run
+            sys.stderr.write(f"kept {self.root}\n")
+            return
         shutil.rmtree(self.root, ignore_errors=True)
 
     @property

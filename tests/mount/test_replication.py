@@ -4,6 +4,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sqlite3
 import struct
@@ -201,6 +202,18 @@ class Replication(MountTest):
             p.join(30)
             self.assertIsNotNone(p.exitcode, "a writer hung after the kill")
         subprocess.run(["umount", "-l", a.mount], capture_output=True)
+        on_a = {}
+        for t in tenants:
+            try:
+                src = os.path.join(a.backing, rels[t])
+                dst = os.path.join(self.root, f"a-local-{t}.db")
+                shutil.copyfile(src, dst)
+                if os.path.exists(src + "-wal"):
+                    shutil.copyfile(src + "-wal", dst + "-wal")
+                on_a[t] = rows(dst)[0]
+            except Exception as e:  # diagnostic only
+                print("cannot read A's local", t, e, flush=True)
+                on_a[t] = set()
 
         b = self.ragent("b").start()
         b.wait_states("serving", timeout=TTL_S * 3)
@@ -215,6 +228,10 @@ class Replication(MountTest):
                    if when <= kill_time - SYNC_S - UPLOAD_SLACK_S}
             on_b, check = rows(os.path.join(b.mount, rels[t]))
             self.assertEqual(check, "ok")
+            lost = due - on_b
+            print(f"DIAG {t}: missing on B {len(lost)}; of them also missing in A's local file "
+                  f"{len(lost - on_a[t])}; A local has {len(on_a[t])}; sample {sorted(lost)[:12]}",
+                  flush=True)
             self.assertFalse(due - on_b, f"{t}: {len(due - on_b)} of {len(due)} commits made "
                              f"at least one sync interval before the kill are not on B")
             # Nothing B has was never committed by a writer (no partial transaction).
@@ -573,6 +590,18 @@ class Replication(MountTest):
         a.kill9()
         db.close()
         subprocess.run(["umount", "-l", a.mount], capture_output=True)
+        on_a = {}
+        for t in tenants:
+            try:
+                src = os.path.join(a.backing, rels[t])
+                dst = os.path.join(self.root, f"a-local-{t}.db")
+                shutil.copyfile(src, dst)
+                if os.path.exists(src + "-wal"):
+                    shutil.copyfile(src + "-wal", dst + "-wal")
+                on_a[t] = rows(dst)[0]
+            except Exception as e:  # diagnostic only
+                print("cannot read A's local", t, e, flush=True)
+                on_a[t] = set()
         out1 = os.path.join(self.root, "before.db")
         self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out1).returncode, 0)
         shipped_before, _ = rows(out1)

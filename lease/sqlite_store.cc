@@ -568,6 +568,12 @@ Result<Decision> SqliteStore::Claim(SlotRange range, const OwnerId& owner, Milli
 //   checksums chain), and a synced COMMIT syncs the whole file: a claim
 //   answered after a release (a handover) keeps that release, and no
 //   answered claim is lost for the unsynced commits before it.
+// Assumed: the database is on a local disk whose unsynced writes are lost
+// only with the OS. A write error in writeback (which only an fsync would
+// report), or a block device or network file system that drops written
+// data and reconnects while the OS runs on, could undo an answered renewal
+// with the boot id unchanged; a renewal would then have to be bounded by a
+// sync done off its path (not done; the README states the assumption).
 // Not avoided: the COMMIT that brings the WAL to its autocheckpoint size
 // (1000 pages; a renewal writes 2, so once in some 500 renewals) checkpoints,
 // which syncs the WAL and the database file, and the first COMMIT after it

@@ -254,6 +254,7 @@ class Replication(MountTest):
             by_seq, check = rows_in_order(os.path.join(b.mount, rels[t]))
             self.assertEqual(check, "ok")
             on_b = set(by_seq.values())
+            self.assertTrue(on_b, f"{t}: none of {len(committed)} commits reached B")
             # B holds the first N commits in commit order, with no hole.
             self.assertEqual(sorted(by_seq), list(range(1, len(by_seq) + 1)),
                              f"{t}: B's commits are not a prefix of the commit order")

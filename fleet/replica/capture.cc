@@ -299,7 +299,11 @@ std::vector<Txn> Capture::Take() {
                  "again");
   }
   if (shippable_ != SIZE_MAX) shippable_ -= txns.size();
-  // Not published: until Shipped or Return, the lag still counts them.
+  // Until Shipped or Return the lag still counts them, however often it is
+  // published meanwhile.
+  for (const Txn& t : txns) {
+    if (taken_oldest_ms_ == 0 || t.commit_ms < taken_oldest_ms_) taken_oldest_ms_ = t.commit_ms;
+  }
   return txns;
 }
 
@@ -312,6 +316,7 @@ void Capture::Return(std::vector<Txn> txns) {
     captured_.push_front(std::move(*it));
   }
   if (shippable_ != SIZE_MAX) shippable_ += txns.size();
+  taken_oldest_ms_ = 0;  // captured_ holds them again
   FlagActive();
   PublishLocked();
 }
@@ -323,6 +328,7 @@ std::uint64_t Capture::captured_bytes() {
 
 void Capture::Shipped() {
   std::lock_guard lock(mu_);
+  taken_oldest_ms_ = 0;
   PublishLocked();
 }
 
@@ -517,21 +523,20 @@ void Capture::FlagActive() {
 // after every change of captured_ or commit_seen_, with mu_ held.
 void Capture::PublishLocked() {
   WallMs o = 0;
+  auto older = [&o](WallMs ms) {
+    if (ms != 0 && (o == 0 || ms < o)) o = ms;
+  };
+  older(taken_oldest_ms_);
   if (!captured_.empty()) {
-    o = captured_.front().commit_ms;
+    older(captured_.front().commit_ms);
   } else if (!spill_.empty()) {
-    o = spill_.front_ms();
+    older(spill_.front_ms());
   }
-  if (!commit_seen_.empty() && (o == 0 || commit_seen_.begin()->second < o)) {
-    o = commit_seen_.begin()->second;
-  }
+  if (!commit_seen_.empty()) older(commit_seen_.begin()->second);
   // Changes that only a snapshot can ship (the first ship, a gap, a restart
   // with commits unshipped) are pending since their first write: a snapshot
   // that cannot go out must not read as a lag of 0.
-  if (need_generation_ && marker_present_ && unshipped_since_ms_ != 0 &&
-      (o == 0 || unshipped_since_ms_ < o)) {
-    o = unshipped_since_ms_;
-  }
+  if (need_generation_ && marker_present_) older(unshipped_since_ms_);
   oldest_pending_ms_.store(o);
 }
 
@@ -553,6 +558,12 @@ void Capture::MarkGapLocked(std::size_t keep) {
   FlagActive();
   need_generation_ = true;
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
+  // An upload dropped with the gap: the snapshot that fills it ships its
+  // commits, which are pending since they were made, not since now.
+  if (taken_oldest_ms_ != 0) {
+    unshipped_since_ms_ = std::min(unshipped_since_ms_, taken_oldest_ms_);
+    taken_oldest_ms_ = 0;
+  }
   ++gaps_;
   shippable_ = std::min({shippable_, keep, CountLocked()});
 }
@@ -628,6 +639,7 @@ void Capture::DropCapturedLocked(const Txn& incoming) {
 }
 
 void Capture::ClearCapturedLocked() {
+  taken_oldest_ms_ = 0;
   captured_.clear();
   budget_->ReleaseMemory(captured_bytes_);
   captured_bytes_ = 0;

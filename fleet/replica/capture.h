@@ -303,6 +303,9 @@ class Capture final : public TenantWatch {
   bool drop_episode_ = false;
   bool need_generation_ = true;
   WallMs unshipped_since_ms_ = 0;  // the first write not yet shipped; 0 when all is
+  // The oldest commit of those Take handed to an upload that has not landed
+  // (0: none): a crash would lose them too, so the lag counts them.
+  WallMs taken_oldest_ms_ = 0;
   // While a gap is open: how many of captured_ (from the front) may still go
   // into the current generation; SIZE_MAX when no gap limits them.
   std::size_t shippable_ = SIZE_MAX;

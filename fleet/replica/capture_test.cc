@@ -196,6 +196,52 @@ TEST_F(CaptureTest,
   EXPECT_EQ(budget->spill_used(), 0u);
 }
 
+// The lag is what a crash would lose: commits taken for an upload that has
+// not landed count until it lands (or they come back), whatever is
+// committed meanwhile. CI once saw a failover lose a commit older than the
+// lag the agent had reported, because a commit during an upload published
+// the lag from what was left.
+TEST_F(CaptureTest, commits_taken_for_an_upload_count_in_the_lag_until_it_lands) {
+  auto budget = std::make_shared<CaptureBudget>(1 << 20, 0);
+  auto c = Tenant("in-flight", budget);
+  // Past its first snapshot: until then everything is pending since the
+  // first write.
+  Commit(*c, 1);
+  std::uint64_t mark = 0;
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    mark = hold->gap_mark();
+    (void)hold->ForgetCaptured();
+  }
+  c->ClearGap(mark);
+  ASSERT_EQ(c->oldest_pending_ms(), 0);
+  Commit(*c, 1);
+  const WallMs first = c->oldest_pending_ms();
+  ASSERT_NE(first, 0);
+  std::vector<Txn> taken = c->Take();
+  ASSERT_EQ(taken.size(), 1u);
+  Commit(*c, 1);  // during the upload
+  EXPECT_EQ(c->oldest_pending_ms(), first) << "a commit during the upload hid the one in flight";
+  c->Shipped();
+  const WallMs second = c->oldest_pending_ms();
+  EXPECT_GT(second, first) << "the landed upload still counts";
+  // Taken and given back (a segment that could not be encoded): still pending.
+  std::vector<Txn> again = c->Take();
+  ASSERT_EQ(again.size(), 1u);
+  Commit(*c, 1);
+  EXPECT_EQ(c->oldest_pending_ms(), second);
+  c->Return(std::move(again));
+  EXPECT_EQ(c->oldest_pending_ms(), second);
+  // Dropped with a gap (another owner's takeover): the snapshot that fills
+  // the gap ships them, so they stay pending until it does.
+  std::vector<Txn> dropped = c->Take();
+  ASSERT_FALSE(dropped.empty());
+  Commit(*c, 1);
+  c->MarkGap();
+  EXPECT_LE(c->oldest_pending_ms(), second) << "commits in a dropped upload left the lag";
+}
+
 TEST_F(CaptureTest, a_capture_that_ends_gives_its_bytes_back_to_the_budget) {
   auto budget = std::make_shared<CaptureBudget>(64 << 10, 16 << 20);
   {

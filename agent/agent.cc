@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
@@ -553,6 +554,12 @@ int Agent::Run(std::ostream& err) {
   auto host = lease::HostOwnership::Make(config_.owner, config_.ranges, config_.ttl);
   if (!host.ok()) return fail(host.status());
 
+  // Started once the refresher and the loop's async handle exist: its
+  // shipping thread asks serving_epoch (the refresher) from its first round,
+  // one sync interval after the start, and a fence posts to the loop. Started
+  // before them, a start slower than that interval (a loaded host, a restart
+  // with unshipped tenants) crashed on the null refresher_ (SIGSEGV).
+  std::optional<replica::ReplicatorOptions> replicator_options;
   if (!config_.replica.empty()) {
     auto dest = replica::OpenDestination(config_.replica);
     if (!dest.ok()) return fail(dest.status().WithContext("replica"));
@@ -590,9 +597,7 @@ int Agent::Run(std::ostream& err) {
       }
       Post([] {});  // wakes the loop, which publishes the view without the range
     };
-    auto replicator = replica::Replicator::Start(std::move(ro));
-    if (!replicator.ok()) return fail(replicator.status().WithContext("replica " + config_.replica));
-    replicator_ = std::move(*replicator);
+    replicator_options = std::move(ro);
   }
 
   // Each range may keep one hung call on a pool thread; the rest must still run.
@@ -645,6 +650,17 @@ int Agent::Run(std::ostream& err) {
     }
     last_failures_ = std::move(failing);
   });
+
+  if (replicator_options) {
+    auto replicator = replica::Replicator::Start(std::move(*replicator_options));
+    if (!replicator.ok()) {
+      CloseLoopHandles();
+      uv_run(&loop_, UV_RUN_DEFAULT);
+      uv_loop_close(&loop_);
+      return fail(replicator.status().WithContext("replica " + config_.replica));
+    }
+    replicator_ = std::move(*replicator);
+  }
 
   if (config_.admin) {
     auto admin = AdminServer::Start(&loop_, *config_.admin, [this](const std::string& m,

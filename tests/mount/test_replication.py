@@ -49,6 +49,8 @@ def rows_in_order(path):
     """A load tenant's rows as {seq: id}, and its integrity check."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
+        if "seq" not in {r[1] for r in db.execute("PRAGMA table_info(t)")}:
+            raise AssertionError(f"{path}: a state from before the load began (no seq column)")
         by_seq = dict(db.execute("SELECT seq, id FROM t"))
         check = db.execute("PRAGMA integrity_check").fetchone()[0]
     finally:

@@ -287,6 +287,7 @@ std::vector<Txn> Capture::Take() {
       budget_->ReleaseSpill(spill_.disk_bytes());
       spill_.Clear();
       if (shippable_ != SIZE_MAX) shippable_ -= txns.size();
+      NoteTakenLocked(txns);  // before the gap, which folds them into its time
       CaptureFailedLocked("spilled commits", txn.status().message());
       return txns;
     }
@@ -299,11 +300,7 @@ std::vector<Txn> Capture::Take() {
                  "again");
   }
   if (shippable_ != SIZE_MAX) shippable_ -= txns.size();
-  // Until Shipped or Return the lag still counts them, however often it is
-  // published meanwhile.
-  for (const Txn& t : txns) {
-    if (taken_oldest_ms_ == 0 || t.commit_ms < taken_oldest_ms_) taken_oldest_ms_ = t.commit_ms;
-  }
+  NoteTakenLocked(txns);
   return txns;
 }
 
@@ -335,11 +332,15 @@ void Capture::Shipped() {
 void Capture::MarkGap() {
   std::lock_guard lock(mu_);
   MarkGapLocked(0);
+  PublishLocked();
 }
 
 void Capture::ClearGap(std::uint64_t gap_mark) {
   std::lock_guard lock(mu_);
   if (gaps_ != gap_mark) return;  // a gap after the copy: the next shipment is a snapshot again
+  // The snapshot holds every commit taken before its copy (no upload is
+  // taken while a snapshot waits to land).
+  taken_oldest_ms_ = 0;
   need_generation_ = false;
   shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them
   unshipped_since_ms_ = 0;  // the next write starts it again
@@ -367,6 +368,7 @@ void Capture::Drop() {
   dropped_ = true;
   dropped_pub_.store(true);
   ClearCapturedLocked();
+  taken_oldest_ms_ = 0;  // deleted: nothing of it ships any more
   drop_episode_ = false;
   dropped_bytes_pub_.store(0);
   PublishLocked();
@@ -470,6 +472,9 @@ std::vector<Txn> Capture::SnapshotHold::TakeCaptured() {
     txns.push_back(std::move(*txn));
   }
   c_->ClearCapturedLocked();
+  // In the segment ahead of the snapshot (or in the snapshot): pending
+  // until it lands.
+  c_->NoteTakenLocked(txns);
   if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
   c_->PublishLocked();
   return txns;
@@ -484,6 +489,12 @@ std::vector<WallMs> Capture::SnapshotHold::ForgetCaptured() {
     times.insert(times.end(), spilled->begin(), spilled->end());
   }
   c_->ClearCapturedLocked();
+  // The snapshot ships them: pending until it lands (ClearGap).
+  for (WallMs ms : times) {
+    if (ms != 0 && (c_->taken_oldest_ms_ == 0 || ms < c_->taken_oldest_ms_)) {
+      c_->taken_oldest_ms_ = ms;
+    }
+  }
   if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
   c_->PublishLocked();
   return times;
@@ -619,6 +630,14 @@ void Capture::PushLocked(Txn txn) {
   PublishLocked();
 }
 
+void Capture::NoteTakenLocked(const std::vector<Txn>& txns) {
+  for (const Txn& t : txns) {
+    if (t.commit_ms != 0 && (taken_oldest_ms_ == 0 || t.commit_ms < taken_oldest_ms_)) {
+      taken_oldest_ms_ = t.commit_ms;
+    }
+  }
+}
+
 void Capture::DropCapturedLocked(const Txn& incoming) {
   const std::uint64_t held = captured_bytes_ + spill_.live_bytes() + incoming.Bytes();
   ClearCapturedLocked();
@@ -639,7 +658,6 @@ void Capture::DropCapturedLocked(const Txn& incoming) {
 }
 
 void Capture::ClearCapturedLocked() {
-  taken_oldest_ms_ = 0;
   captured_.clear();
   budget_->ReleaseMemory(captured_bytes_);
   captured_bytes_ = 0;

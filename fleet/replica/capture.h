@@ -254,6 +254,8 @@ class Capture final : public TenantWatch {
   // Tells the shipper (on_active) once per visit that there is something to
   // look at. Needs no lock.
   void FlagActive();
+  // Counts commits handed to an upload (or a snapshot) in the lag.
+  void NoteTakenLocked(const std::vector<Txn>& txns);
   void PublishLocked();
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);

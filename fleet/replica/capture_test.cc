@@ -233,13 +233,90 @@ TEST_F(CaptureTest, commits_taken_for_an_upload_count_in_the_lag_until_it_lands)
   EXPECT_EQ(c->oldest_pending_ms(), second);
   c->Return(std::move(again));
   EXPECT_EQ(c->oldest_pending_ms(), second);
-  // Dropped with a gap (another owner's takeover): the snapshot that fills
-  // the gap ships them, so they stay pending until it does.
-  std::vector<Txn> dropped = c->Take();
-  ASSERT_FALSE(dropped.empty());
+}
+
+// A capture past its first snapshot, with `n` commits captured after the
+// snapshot's copy and nothing written since it landed: what a crash would
+// lose is then exactly those commits.
+class CaptureLagTest : public CaptureTest {
+ protected:
+  std::unique_ptr<Capture> Shipped(const std::string& name, int n) {
+    auto c = Tenant(name, std::make_shared<CaptureBudget>(1 << 20, 0));
+    Commit(*c, 1);
+    std::uint64_t mark = 0;
+    {
+      auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+      EXPECT_TRUE(hold.ok()) << hold.status().message();
+      mark = hold->gap_mark();
+      (void)hold->ForgetCaptured();
+    }
+    for (int i = 0; i < n; ++i) Commit(*c, 1);
+    // Landed after those commits were captured: they stay, for the new
+    // generation, and no write follows.
+    c->ClearGap(mark);
+    EXPECT_FALSE(c->Scan().gap) << "the snapshot's landing left a gap open";
+    return c;
+  }
+};
+
+TEST_F(CaptureLagTest, an_upload_dropped_with_a_gap_counts_from_its_commits_not_from_the_gap) {
+  auto c = Shipped("dropped-upload", 1);
+  const WallMs made = c->oldest_pending_ms();
+  ASSERT_NE(made, 0);
+  ASSERT_EQ(c->Take().size(), 1u);
+  c->MarkGap();  // another owner's takeover: the snapshot that fills it ships them
+  EXPECT_EQ(c->oldest_pending_ms(), made) << "the lag restarted at the gap";
+}
+
+TEST_F(CaptureLagTest, commits_a_periodic_snapshot_takes_count_until_they_land) {
+  auto c = Shipped("periodic", 1);
+  const WallMs made = c->oldest_pending_ms();
+  ASSERT_NE(made, 0);
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    ASSERT_EQ(hold->TakeCaptured().size(), 1u);  // the segment ahead of the snapshot
+  }
+  EXPECT_EQ(c->oldest_pending_ms(), made) << "taken for the segment ahead of a snapshot, lost";
+  c->Shipped();  // the segment landed
+  EXPECT_EQ(c->oldest_pending_ms(), 0);
+}
+
+TEST_F(CaptureLagTest, commits_a_snapshot_covers_count_until_it_lands) {
+  auto c = Shipped("covered", 2);
+  const WallMs made = c->oldest_pending_ms();
+  ASSERT_NE(made, 0);
+  std::uint64_t mark = 0;
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    mark = hold->gap_mark();
+    ASSERT_EQ(hold->ForgetCaptured().size(), 2u);
+  }
+  EXPECT_EQ(c->oldest_pending_ms(), made) << "covered by a snapshot not yet landed, and lost";
+  c->ClearGap(mark);  // it landed
+  EXPECT_EQ(c->oldest_pending_ms(), 0);
+}
+
+TEST_F(CaptureLagTest, an_upload_in_flight_when_the_budget_drops_the_rest_still_counts) {
+  // Memory for about one commit, no spill: the next commits are dropped.
+  auto c = Tenant("budget-drop", std::make_shared<CaptureBudget>(6 << 10, 0));
   Commit(*c, 1);
-  c->MarkGap();
-  EXPECT_LE(c->oldest_pending_ms(), second) << "commits in a dropped upload left the lag";
+  std::uint64_t mark = 0;
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    mark = hold->gap_mark();
+    (void)hold->ForgetCaptured();
+  }
+  Commit(*c, 1);
+  c->ClearGap(mark);
+  const WallMs made = c->oldest_pending_ms();
+  ASSERT_NE(made, 0);
+  ASSERT_EQ(c->Take().size(), 1u);  // its upload fails and waits
+  for (int i = 0; i < 4; ++i) Commit(*c, 1);
+  ASSERT_NE(c->dropped_bytes(), 0u) << "the budget dropped nothing";
+  EXPECT_EQ(c->oldest_pending_ms(), made) << "the upload in flight left the lag at the drop";
 }
 
 TEST_F(CaptureTest, a_capture_that_ends_gives_its_bytes_back_to_the_budget) {

@@ -73,6 +73,18 @@ class CaptureTest : public ::testing::Test {
     { auto guard = c.BeforeUnlink(FileRole::kJournal); }
   }
 
+  // A snapshot's copy under its hold: what was captured is the snapshot's
+  // now. Returns the gap mark its landing clears (ClearGap).
+  static std::uint64_t CopyForSnapshot(Capture& c) {
+    auto hold = c.HoldForSnapshot(std::chrono::milliseconds(100));
+    if (!hold.ok()) {
+      ADD_FAILURE() << "no snapshot hold: " << hold.status().message();
+      return 0;
+    }
+    (void)hold->ForgetCaptured();
+    return hold->gap_mark();
+  }
+
   // Every transaction Take gives until none is left, in the order given.
   static std::vector<Txn> TakeAll(Capture& c) {
     std::vector<Txn> all;
@@ -183,14 +195,7 @@ TEST_F(CaptureTest,
   EXPECT_TRUE(scan.gap) << "dropped commits left no gap";
   EXPECT_FALSE(a->HasShippable()) << "commits after the drop would follow the old tail";
   // The snapshot that fills the gap ships: the need is no longer reported.
-  std::uint64_t mark = 0;
-  {
-    auto hold = a->HoldForSnapshot(std::chrono::milliseconds(100));
-    ASSERT_TRUE(hold.ok()) << hold.status().message();
-    mark = hold->gap_mark();
-    (void)hold->ForgetCaptured();
-  }
-  a->ClearGap(mark);
+  a->ClearGap(CopyForSnapshot(*a));
   EXPECT_EQ(a->dropped_bytes(), 0u);
   EXPECT_EQ(budget->memory_used(), 0u);
   EXPECT_EQ(budget->spill_used(), 0u);
@@ -207,14 +212,7 @@ TEST_F(CaptureTest, commits_taken_for_an_upload_count_in_the_lag_until_it_lands)
   // Past its first snapshot: until then everything is pending since the
   // first write.
   Commit(*c, 1);
-  std::uint64_t mark = 0;
-  {
-    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
-    ASSERT_TRUE(hold.ok()) << hold.status().message();
-    mark = hold->gap_mark();
-    (void)hold->ForgetCaptured();
-  }
-  c->ClearGap(mark);
+  c->ClearGap(CopyForSnapshot(*c));
   ASSERT_EQ(c->oldest_pending_ms(), 0);
   Commit(*c, 1);
   const WallMs first = c->oldest_pending_ms();
@@ -240,16 +238,12 @@ TEST_F(CaptureTest, commits_taken_for_an_upload_count_in_the_lag_until_it_lands)
 // lose is then exactly those commits.
 class CaptureLagTest : public CaptureTest {
  protected:
-  std::unique_ptr<Capture> Shipped(const std::string& name, int n) {
-    auto c = Tenant(name, std::make_shared<CaptureBudget>(1 << 20, 0));
+  std::unique_ptr<Capture> Shipped(
+      const std::string& name, int n,
+      std::shared_ptr<CaptureBudget> budget = std::make_shared<CaptureBudget>(1 << 20, 0)) {
+    auto c = Tenant(name, std::move(budget));
     Commit(*c, 1);
-    std::uint64_t mark = 0;
-    {
-      auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
-      EXPECT_TRUE(hold.ok()) << hold.status().message();
-      mark = hold->gap_mark();
-      (void)hold->ForgetCaptured();
-    }
+    const std::uint64_t mark = CopyForSnapshot(*c);
     for (int i = 0; i < n; ++i) Commit(*c, 1);
     // Landed after those commits were captured: they stay, for the new
     // generation, and no write follows.
@@ -300,17 +294,7 @@ TEST_F(CaptureLagTest, commits_a_snapshot_covers_count_until_it_lands) {
 
 TEST_F(CaptureLagTest, an_upload_in_flight_when_the_budget_drops_the_rest_still_counts) {
   // Memory for about one commit, no spill: the next commits are dropped.
-  auto c = Tenant("budget-drop", std::make_shared<CaptureBudget>(6 << 10, 0));
-  Commit(*c, 1);
-  std::uint64_t mark = 0;
-  {
-    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
-    ASSERT_TRUE(hold.ok()) << hold.status().message();
-    mark = hold->gap_mark();
-    (void)hold->ForgetCaptured();
-  }
-  Commit(*c, 1);
-  c->ClearGap(mark);
+  auto c = Shipped("budget-drop", 1, std::make_shared<CaptureBudget>(6 << 10, 0));
   const WallMs made = c->oldest_pending_ms();
   ASSERT_NE(made, 0);
   ASSERT_EQ(c->Take().size(), 1u);  // its upload fails and waits

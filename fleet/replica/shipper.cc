@@ -532,6 +532,7 @@ Status Replicator::Impl::ShipSegment(Tenant& t) {
       return encoded.status().WithContext("encoding a segment of " + t.main().main_path);
     }
     k.pending_segment = PendingSegment::Of(std::move(*encoded), txns);
+    k.pending_owner = t.capture_;
   }
   return AppendPendingSegment(k, t.main(), &t.capture());
 }
@@ -577,6 +578,23 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
     if (!o_.serving_epoch && t.epoch_ != 0) serving = t.epoch_;
   }
   if (o_.serving_epoch) serving = o_.serving_epoch(main.slot);
+  if ((k.pending_segment || k.pending_snapshot.valid()) && !k.PendingOf(t.capture_)) {
+    // Taken from a file since deleted (the tenant was made again before its
+    // tombstone shipped). They may have landed already, so they are retried
+    // byte for byte, as that file's history; but none is this file's base
+    // (a segment of its commits after the old snapshot would restore a
+    // database that never was), and no mark of that capture's applies to
+    // this one: its own snapshot goes next.
+    Status st = AppendPendingSegment(k, main, nullptr);
+    if (st.ok()) st = AppendPendingSnapshot(k, main, nullptr);
+    k.base = false;
+    k.last_data.reset();
+    if (st.code() == Code::kFailedPrecondition) return false;
+    if (!st.ok()) {
+      RecordFailure(st.WithContext("shipping what " + main.main_path + " held before its delete"));
+      return false;
+    }
+  }
   CaptureScan first = t.capture().Scan();  // reads the WAL first
   CaptureScan scan = first;
   bool shipped = false;
@@ -904,6 +922,7 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   k.pending_snapshot = std::move(out);
   k.pending_snapshot_sum = *sum;
   k.pending_gap_mark = gap_mark;
+  k.pending_owner = t.capture_;
   return Status::Ok();
 }
 

@@ -339,7 +339,8 @@ void Capture::ClearGap(std::uint64_t gap_mark) {
   std::lock_guard lock(mu_);
   if (gaps_ != gap_mark) return;  // a gap after the copy: the next shipment is a snapshot again
   // The snapshot holds every commit taken before its copy (no upload is
-  // taken while a snapshot waits to land).
+  // taken while a snapshot waits to land: the shipper lands it before it
+  // takes another segment).
   taken_oldest_ms_ = 0;
   need_generation_ = false;
   shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them

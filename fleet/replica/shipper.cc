@@ -520,6 +520,13 @@ Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main,
 
 Status Replicator::Impl::ShipSegment(Tenant& t) {
   KeyLog& k = t.log();
+  if (!k.pending_segment && k.pending_snapshot.valid()) {
+    // A snapshot staged after the last object (a periodic one whose
+    // segment landed, a backlog written during the outage since) lands
+    // first: a segment taken now would take the sequence the snapshot is
+    // encoded at, and the log would refuse the snapshot every round after.
+    return AppendPendingSnapshot(k, t.main(), &t.capture());
+  }
   if (!k.pending_segment) {
     std::vector<Txn> txns = t.capture().Take();
     if (txns.empty()) return Status::Ok();

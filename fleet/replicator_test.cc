@@ -2076,5 +2076,120 @@ TEST_F(ReplicatorTest, a_small_capture_bound_does_not_cap_a_healthy_tenants_thro
   EXPECT_EQ(copy.Count("SELECT count(*) FROM t"), 3010);
 }
 
+
+// Review: the first snapshot of a tenant fails to upload, and the tenant is
+// deleted and made again before its tombstone ships. The old file's pending
+// snapshot may still land (retried byte for byte), but it is not the new
+// file's base: the new file's commits never follow it as segments, and its
+// lag counts until its own snapshot lands.
+TEST_F(ReplicatorTest, a_tenant_made_again_never_ships_its_commits_on_the_old_files_pending_snapshot) {
+  StepWall wall;  // every reading a millisecond later: a lag pending reads above 0
+  auto failing = std::make_shared<FailingDestination>(dest_);
+  ReplicatorOptions o = Options();
+  o.wall = &wall;
+  o.destination = failing;
+  Start(std::move(o));
+  FleetFile k = Main("remade-pending");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  auto stamp = [&] {
+    UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(WriteStamps(fd.get(), kEpoch, k.key, k.main_path).ok());
+  };
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    stamp();
+    Insert(db, 0, 3);
+    // The marker lands; the first snapshot's upload does not.
+    failing->Inject(Fault{.kind = Request::kCreate, .status = Unavailable("the replica is down"),
+                          .skip = 1});
+    EXPECT_FALSE(rep_->Flush(mono_.Now()));
+    ASSERT_GE(failing->injected_failures(), 1);
+  }
+  auto headers = Headers(*inner_, k);
+  ASSERT_EQ(headers.size(), 1u);
+  ASSERT_EQ(headers[0].kind, LogKind::kMarker);
+  for (std::string suffix : {"", "-wal", "-shm"}) fs::remove(Backing(k) + suffix);
+  rep_->Deleted(k, kEpoch);
+  // Made again before the tombstone ships (so it never does), with other
+  // rows: most of them in the main file before it is watched (a segment
+  // carries only the pages it changed).
+  Db db(Backing(k));
+  db.Exec("PRAGMA journal_mode=WAL");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  Insert(db, 100, 120);
+  db.Exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  auto watch = WalTenant(*rep_, db, k);
+  stamp();
+  Insert(db, 120, 123);
+  // One object lands (the old snapshot, retried first), then none.
+  failing->Heal();
+  failing->Inject(Fault{.kind = Request::kCreate, .status = Unavailable("the replica is down"),
+                        .skip = 1});
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  EXPECT_GT(rep_->LagSeconds(k.slot, k.slot), 0.0)
+      << "the new file's commits read as shipped before its own snapshot landed";
+  failing->Heal();
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Text("PRAGMA integrity_check"), "ok");
+  EXPECT_EQ(copy.Ids(), Range(100, 123))
+      << "the new file's commits were chained onto the deleted file's snapshot";
+}
+
+
+// Review: a periodic snapshot's segment lands and its snapshot's upload
+// fails; more than one take is written during the outage, so the snapshot is
+// not "due" (a backlog ships as segments first). A segment taken then would
+// take the sequence the snapshot was staged at, and the snapshot would be
+// refused every round after: the pending snapshot lands first.
+TEST_F(ReplicatorTest, a_pending_periodic_snapshot_lands_before_any_segment_taken_after_it) {
+  StepWall wall;
+  auto failing = std::make_shared<FailingDestination>(dest_);
+  ReplicatorOptions o = Options();
+  o.wall = &wall;
+  o.destination = failing;
+  o.capture_memory_bytes = 64 << 10;  // one take: 64 KiB
+  o.snapshot_interval = Millis(1'000'000'000);
+  Start(std::move(o));
+  FleetFile k = Main("pending-periodic");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Db db(Backing(k));
+  auto watch = WalTenant(*rep_, db, k);
+  Insert(db, 0, 5);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  Insert(db, 5, 6);
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  const auto snapshots = [&] {
+    auto hs = Headers(*inner_, k);
+    return std::count_if(hs.begin(), hs.end(),
+                         [](const LogHeader& h) { return h.kind == LogKind::kSnapshot; });
+  };
+  const auto before = snapshots();
+  Insert(db, 6, 7);
+  wall.Jump(2'000'000'000);  // the periodic snapshot is due
+  // The segment ahead of it lands; the snapshot's upload does not.
+  failing->FailNth(Request::kCreate, 2, Unavailable("the replica's server is down"));
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  ASSERT_EQ(failing->injected_failures(), 1);
+  ASSERT_EQ(snapshots(), before);
+  for (int i = 100; i < 130; ++i) {  // more than one take
+    db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
+  }
+  bool clean = false;
+  for (int round = 0; round < 5 && !clean; ++round) clean = rep_->Flush(mono_.Now());
+  EXPECT_TRUE(clean) << "the pending snapshot never landed";
+  EXPECT_GT(snapshots(), before);
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Text("PRAGMA integrity_check"), "ok");
+  std::set<int> want = Range(0, 7);
+  for (int i = 100; i < 130; ++i) want.insert(i);
+  EXPECT_EQ(copy.Ids(), want);
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

@@ -339,7 +339,8 @@ void Capture::ClearGap(std::uint64_t gap_mark) {
   std::lock_guard lock(mu_);
   if (gaps_ != gap_mark) return;  // a gap after the copy: the next shipment is a snapshot again
   // The snapshot holds every commit taken before its copy (no upload is
-  // taken while a snapshot waits to land).
+  // taken while a snapshot waits to land: the shipper lands it before it
+  // takes another segment).
   taken_oldest_ms_ = 0;
   need_generation_ = false;
   shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them
@@ -471,6 +472,9 @@ std::vector<Txn> Capture::SnapshotHold::TakeCaptured() {
     }
     txns.push_back(std::move(*txn));
   }
+  // What the spill could not give back is in the snapshot: pending until it
+  // lands, from the oldest of it (its time is known without the file).
+  if (!c_->spill_.empty()) c_->NoteOlderTakenLocked(c_->spill_.front_ms());
   c_->ClearCapturedLocked();
   // In the segment ahead of the snapshot (or in the snapshot): pending
   // until it lands.
@@ -487,14 +491,14 @@ std::vector<WallMs> Capture::SnapshotHold::ForgetCaptured() {
   for (const Txn& t : c_->captured_) times.push_back(t.commit_ms);
   if (auto spilled = c_->spill_.CommitTimes(); spilled.ok()) {
     times.insert(times.end(), spilled->begin(), spilled->end());
+  } else if (!c_->spill_.empty()) {
+    // Their times are lost with the file, not the commits (the snapshot
+    // covers them): pending from the oldest, which is known without it.
+    c_->NoteOlderTakenLocked(c_->spill_.front_ms());
   }
   c_->ClearCapturedLocked();
   // The snapshot ships them: pending until it lands (ClearGap).
-  for (WallMs ms : times) {
-    if (ms != 0 && (c_->taken_oldest_ms_ == 0 || ms < c_->taken_oldest_ms_)) {
-      c_->taken_oldest_ms_ = ms;
-    }
-  }
+  for (WallMs ms : times) c_->NoteOlderTakenLocked(ms);
   if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
   c_->PublishLocked();
   return times;
@@ -507,6 +511,10 @@ void Capture::SnapshotHold::CaptureFailed() {
 }
 
 // ---- inside ----
+
+void Capture::NoteOlderTakenLocked(WallMs ms) {
+  if (ms != 0 && (taken_oldest_ms_ == 0 || ms < taken_oldest_ms_)) taken_oldest_ms_ = ms;
+}
 
 void Capture::NoteWriteLocked() {
   // A handle that outlived the delete (a connection's last checkpoint) writes

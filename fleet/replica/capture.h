@@ -256,6 +256,8 @@ class Capture final : public TenantWatch {
   void FlagActive();
   // Counts commits handed to an upload (or a snapshot) in the lag.
   void NoteTakenLocked(const std::vector<Txn>& txns);
+  // A commit of `ms` (0: unknown) is in an upload or snapshot not yet landed.
+  void NoteOlderTakenLocked(WallMs ms);
   void PublishLocked();
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);

@@ -255,15 +255,72 @@ class CaptureLagTest : public CaptureTest {
 
 TEST_F(CaptureLagTest, an_upload_dropped_with_a_gap_counts_from_its_commits_not_from_the_gap) {
   auto c = Shipped("dropped-upload", 1);
+  ASSERT_NE(c, nullptr);
   const WallMs made = c->oldest_pending_ms();
   ASSERT_NE(made, 0);
   ASSERT_EQ(c->Take().size(), 1u);
+  Commit(*c, 1);  // during the upload: published, so the gap's own publish is what is judged
   c->MarkGap();  // another owner's takeover: the snapshot that fills it ships them
   EXPECT_EQ(c->oldest_pending_ms(), made) << "the lag restarted at the gap";
 }
 
+TEST_F(CaptureLagTest, a_gap_publishes_the_lag_it_opens) {
+  auto c = Shipped("gap-publishes", 0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->oldest_pending_ms(), 0);
+  c->MarkGap();
+  EXPECT_NE(c->oldest_pending_ms(), 0) << "a gap left the lag at 0 until the next change";
+}
+
+// Review: a snapshot hold that cannot read the spill file drops what is
+// spilled; the snapshot ships those commits, so they count until it lands.
+class SpillLostTest : public CaptureLagTest {
+ protected:
+  // Past its first snapshot, with three commits spilled (memory holds none)
+  // and the spill file then cut to nothing.
+  std::unique_ptr<Capture> SpilledAndLost(const std::string& name, WallMs* first) {
+    auto c = Tenant(name, std::make_shared<CaptureBudget>(1, 16 << 20));
+    Commit(*c, 1);
+    c->ClearGap(CopyForSnapshot(*c));
+    for (int i = 0; i < 3; ++i) Commit(*c, 1);
+    *first = c->oldest_pending_ms();
+    const fs::path spill = dir_ / ".fleetfs" / "spill" / MarkerName(c->main());
+    if (*first == 0 || !fs::exists(spill)) {
+      ADD_FAILURE() << "nothing spilled";
+      return nullptr;
+    }
+    fs::resize_file(spill, 0);
+    return c;
+  }
+};
+
+TEST_F(SpillLostTest, commits_a_periodic_snapshot_could_not_read_count_until_it_lands) {
+  WallMs first = 0;
+  auto c = SpilledAndLost("take-lost", &first);
+  ASSERT_NE(c, nullptr);
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    (void)hold->TakeCaptured();
+  }
+  EXPECT_EQ(c->oldest_pending_ms(), first) << "spilled commits the copy covers were forgotten";
+}
+
+TEST_F(SpillLostTest, commits_a_snapshot_covers_but_could_not_read_count_until_it_lands) {
+  WallMs first = 0;
+  auto c = SpilledAndLost("forget-lost", &first);
+  ASSERT_NE(c, nullptr);
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    (void)hold->ForgetCaptured();
+  }
+  EXPECT_EQ(c->oldest_pending_ms(), first) << "spilled commits the copy covers were forgotten";
+}
+
 TEST_F(CaptureLagTest, commits_a_periodic_snapshot_takes_count_until_they_land) {
   auto c = Shipped("periodic", 1);
+  ASSERT_NE(c, nullptr);
   const WallMs made = c->oldest_pending_ms();
   ASSERT_NE(made, 0);
   {
@@ -278,6 +335,7 @@ TEST_F(CaptureLagTest, commits_a_periodic_snapshot_takes_count_until_they_land) 
 
 TEST_F(CaptureLagTest, commits_a_snapshot_covers_count_until_it_lands) {
   auto c = Shipped("covered", 2);
+  ASSERT_NE(c, nullptr);
   const WallMs made = c->oldest_pending_ms();
   ASSERT_NE(made, 0);
   std::uint64_t mark = 0;

@@ -330,6 +330,13 @@ struct KeyLog {
   UniqueFd pending_snapshot;
   std::uint64_t pending_snapshot_sum = 0;
   std::uint64_t pending_gap_mark = 0;
+  // The capture (the tenant's incarnation) the pending objects were taken
+  // from: a tenant deleted and made again gets a new one, and the old
+  // file's objects are neither its base nor its commits.
+  std::weak_ptr<Capture> pending_owner;
+  bool PendingOf(const std::shared_ptr<Capture>& c) const {
+    return !pending_owner.owner_before(c) && !c.owner_before(pending_owner);
+  }
   // A new takeover left the pending objects behind: they never land, and
   // the next snapshot covers their commits (still in the local file).
   bool DropPending() {

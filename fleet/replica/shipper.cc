@@ -520,6 +520,13 @@ Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main,
 
 Status Replicator::Impl::ShipSegment(Tenant& t) {
   KeyLog& k = t.log();
+  if (!k.pending_segment && k.pending_snapshot.valid()) {
+    // A snapshot staged after the last object (a periodic one whose
+    // segment landed, a backlog written during the outage since) lands
+    // first: a segment taken now would take the sequence the snapshot is
+    // encoded at, and the log would refuse the snapshot every round after.
+    return AppendPendingSnapshot(k, t.main(), &t.capture());
+  }
   if (!k.pending_segment) {
     std::vector<Txn> txns = t.capture().Take();
     if (txns.empty()) return Status::Ok();
@@ -532,6 +539,7 @@ Status Replicator::Impl::ShipSegment(Tenant& t) {
       return encoded.status().WithContext("encoding a segment of " + t.main().main_path);
     }
     k.pending_segment = PendingSegment::Of(std::move(*encoded), txns);
+    k.pending_owner = t.capture_;
   }
   return AppendPendingSegment(k, t.main(), &t.capture());
 }
@@ -577,6 +585,23 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
     if (!o_.serving_epoch && t.epoch_ != 0) serving = t.epoch_;
   }
   if (o_.serving_epoch) serving = o_.serving_epoch(main.slot);
+  if ((k.pending_segment || k.pending_snapshot.valid()) && !k.PendingOf(t.capture_)) {
+    // Taken from a file since deleted (the tenant was made again before its
+    // tombstone shipped). They may have landed already, so they are retried
+    // byte for byte, as that file's history; but none is this file's base
+    // (a segment of its commits after the old snapshot would restore a
+    // database that never was), and no mark of that capture's applies to
+    // this one: its own snapshot goes next.
+    Status st = AppendPendingSegment(k, main, nullptr);
+    if (st.ok()) st = AppendPendingSnapshot(k, main, nullptr);
+    k.base = false;
+    k.last_data.reset();
+    if (st.code() == Code::kFailedPrecondition) return false;
+    if (!st.ok()) {
+      RecordFailure(st.WithContext("shipping what " + main.main_path + " held before its delete"));
+      return false;
+    }
+  }
   CaptureScan first = t.capture().Scan();  // reads the WAL first
   CaptureScan scan = first;
   bool shipped = false;
@@ -904,6 +929,7 @@ Status Replicator::Impl::StageSnapshot(Tenant& t, bool periodic) {
   k.pending_snapshot = std::move(out);
   k.pending_snapshot_sum = *sum;
   k.pending_gap_mark = gap_mark;
+  k.pending_owner = t.capture_;
   return Status::Ok();
 }
 

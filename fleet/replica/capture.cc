@@ -284,11 +284,15 @@ std::vector<Txn> Capture::Take() {
     if (!txn.ok()) {
       // What is left there is lost here (the main file still holds it): the
       // ones taken still ship, nothing after them does.
+      // Their time is known without the file: the snapshot that fills the
+      // gap ships them, and they are pending since then, not since now.
+      NoteOlderTakenLocked(spill_.front_ms());
       budget_->ReleaseSpill(spill_.disk_bytes());
       spill_.Clear();
       if (shippable_ != SIZE_MAX) shippable_ -= txns.size();
       NoteTakenLocked(txns);  // before the gap, which folds them into its time
       CaptureFailedLocked("spilled commits", txn.status().message());
+      PublishLocked();
       return txns;
     }
     bytes += txn->Bytes();
@@ -342,6 +346,7 @@ void Capture::ClearGap(std::uint64_t gap_mark) {
   // taken while a snapshot waits to land: the shipper lands it before it
   // takes another segment).
   taken_oldest_ms_ = 0;
+  snapshot_oldest_ms_ = 0;
   need_generation_ = false;
   shippable_ = SIZE_MAX;  // captured after the copy: the new generation takes them
   unshipped_since_ms_ = 0;  // the next write starts it again
@@ -370,6 +375,7 @@ void Capture::Drop() {
   dropped_pub_.store(true);
   ClearCapturedLocked();
   taken_oldest_ms_ = 0;  // deleted: nothing of it ships any more
+  snapshot_oldest_ms_ = 0;
   drop_episode_ = false;
   dropped_bytes_pub_.store(0);
   PublishLocked();
@@ -474,7 +480,7 @@ std::vector<Txn> Capture::SnapshotHold::TakeCaptured() {
   }
   // What the spill could not give back is in the snapshot: pending until it
   // lands, from the oldest of it (its time is known without the file).
-  if (!c_->spill_.empty()) c_->NoteOlderTakenLocked(c_->spill_.front_ms());
+  if (!c_->spill_.empty()) c_->NoteInSnapshotLocked(c_->spill_.front_ms());
   c_->ClearCapturedLocked();
   // In the segment ahead of the snapshot (or in the snapshot): pending
   // until it lands.
@@ -494,11 +500,11 @@ std::vector<WallMs> Capture::SnapshotHold::ForgetCaptured() {
   } else if (!c_->spill_.empty()) {
     // Their times are lost with the file, not the commits (the snapshot
     // covers them): pending from the oldest, which is known without it.
-    c_->NoteOlderTakenLocked(c_->spill_.front_ms());
+    c_->NoteInSnapshotLocked(c_->spill_.front_ms());
   }
   c_->ClearCapturedLocked();
   // The snapshot ships them: pending until it lands (ClearGap).
-  for (WallMs ms : times) c_->NoteOlderTakenLocked(ms);
+  for (WallMs ms : times) c_->NoteInSnapshotLocked(ms);
   if (c_->shippable_ != SIZE_MAX) c_->shippable_ = 0;
   c_->PublishLocked();
   return times;
@@ -514,6 +520,10 @@ void Capture::SnapshotHold::CaptureFailed() {
 
 void Capture::NoteOlderTakenLocked(WallMs ms) {
   if (ms != 0 && (taken_oldest_ms_ == 0 || ms < taken_oldest_ms_)) taken_oldest_ms_ = ms;
+}
+
+void Capture::NoteInSnapshotLocked(WallMs ms) {
+  if (ms != 0 && (snapshot_oldest_ms_ == 0 || ms < snapshot_oldest_ms_)) snapshot_oldest_ms_ = ms;
 }
 
 void Capture::NoteWriteLocked() {
@@ -546,6 +556,7 @@ void Capture::PublishLocked() {
     if (ms != 0 && (o == 0 || ms < o)) o = ms;
   };
   older(taken_oldest_ms_);
+  older(snapshot_oldest_ms_);
   if (!captured_.empty()) {
     older(captured_.front().commit_ms);
   } else if (!spill_.empty()) {
@@ -579,9 +590,9 @@ void Capture::MarkGapLocked(std::size_t keep) {
   if (unshipped_since_ms_ == 0) unshipped_since_ms_ = o_.wall->NowMs();
   // An upload dropped with the gap: the snapshot that fills it ships its
   // commits, which are pending since they were made, not since now.
-  if (taken_oldest_ms_ != 0) {
-    unshipped_since_ms_ = std::min(unshipped_since_ms_, taken_oldest_ms_);
-    taken_oldest_ms_ = 0;
+  for (WallMs* ms : {&taken_oldest_ms_, &snapshot_oldest_ms_}) {
+    if (*ms != 0) unshipped_since_ms_ = std::min(unshipped_since_ms_, *ms);
+    *ms = 0;
   }
   ++gaps_;
   shippable_ = std::min({shippable_, keep, CountLocked()});

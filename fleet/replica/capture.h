@@ -258,6 +258,7 @@ class Capture final : public TenantWatch {
   void NoteTakenLocked(const std::vector<Txn>& txns);
   // A commit of `ms` (0: unknown) is in an upload or snapshot not yet landed.
   void NoteOlderTakenLocked(WallMs ms);
+  void NoteInSnapshotLocked(WallMs ms);
   void PublishLocked();
   void CaptureFailedLocked(std::string_view what, const std::string& why);
   void MarkGapLocked(std::size_t keep);
@@ -310,6 +311,11 @@ class Capture final : public TenantWatch {
   // The oldest commit of those Take handed to an upload that has not landed
   // (0: none): a crash would lose them too, so the lag counts them.
   WallMs taken_oldest_ms_ = 0;
+  // The oldest commit that only the snapshot waiting to land holds (one a
+  // snapshot hold forgot, or could not read back from the spill): the
+  // segment ahead of that snapshot landing (Shipped) does not ship it; its
+  // snapshot landing (ClearGap) or a gap (which folds it in) does.
+  WallMs snapshot_oldest_ms_ = 0;
   // While a gap is open: how many of captured_ (from the front) may still go
   // into the current generation; SIZE_MAX when no gap limits them.
   std::size_t shippable_ = SIZE_MAX;

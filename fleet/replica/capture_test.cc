@@ -318,6 +318,52 @@ TEST_F(SpillLostTest, commits_a_snapshot_covers_but_could_not_read_count_until_i
   EXPECT_EQ(c->oldest_pending_ms(), first) << "spilled commits the copy covers were forgotten";
 }
 
+// Review: a periodic snapshot's hold takes the commits in memory for the
+// segment ahead of it and cannot read the spilled rest back: only the
+// snapshot holds those. The segment landing (and the snapshot's upload
+// failing) must not make them read as shipped.
+TEST_F(SpillLostTest, commits_only_the_pending_snapshot_holds_count_after_the_segment_ahead_lands) {
+  auto c = Tenant("lost-suffix", std::make_shared<CaptureBudget>(6000, 16 << 20));
+  Commit(*c, 1);
+  c->ClearGap(CopyForSnapshot(*c));
+  for (int i = 0; i < 3; ++i) Commit(*c, 1);  // the first in memory, two spilled
+  const fs::path spill = dir_ / ".fleetfs" / "spill" / MarkerName(c->main());
+  ASSERT_TRUE(fs::exists(spill)) << "nothing spilled";
+  fs::resize_file(spill, 0);
+  {
+    auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
+    ASSERT_TRUE(hold.ok()) << hold.status().message();
+    ASSERT_EQ(hold->TakeCaptured().size(), 1u) << "the segment ahead holds what memory held";
+  }
+  const WallMs first = c->oldest_pending_ms();
+  ASSERT_NE(first, 0);
+  c->Shipped();  // the segment ahead landed; the snapshot's upload failed
+  EXPECT_NE(c->oldest_pending_ms(), 0)
+      << "commits only the pending snapshot holds read as shipped";
+  EXPECT_GT(c->oldest_pending_ms(), first) << "the landed segment's commit still counts";
+}
+
+// Review: Take (no snapshot hold) meets a spill file it cannot read, with
+// the commits spilled before the last snapshot landed (which ended the
+// lag's first-write time). The snapshot that fills the gap ships them: the
+// lag counts from them, not from the failure, and says so at once.
+TEST_F(SpillLostTest, a_take_that_cannot_read_the_spill_keeps_the_spilled_commits_time) {
+  auto c = Tenant("take-lost", std::make_shared<CaptureBudget>(1, 16 << 20));
+  Commit(*c, 1);
+  const std::uint64_t mark = CopyForSnapshot(*c);
+  for (int i = 0; i < 3; ++i) Commit(*c, 1);  // during the upload: spilled
+  c->ClearGap(mark);                          // landed after them
+  const WallMs first = c->oldest_pending_ms();
+  ASSERT_NE(first, 0);
+  const fs::path spill = dir_ / ".fleetfs" / "spill" / MarkerName(c->main());
+  ASSERT_TRUE(fs::exists(spill)) << "nothing spilled";
+  fs::resize_file(spill, 0);
+  EXPECT_TRUE(c->Take().empty());
+  EXPECT_EQ(c->oldest_pending_ms(), first) << "the spill error's lag was not published";
+  Commit(*c, 1);
+  EXPECT_EQ(c->oldest_pending_ms(), first) << "the lag restarted at the spill error";
+}
+
 TEST_F(CaptureLagTest, commits_a_periodic_snapshot_takes_count_until_they_land) {
   auto c = Shipped("periodic", 1);
   ASSERT_NE(c, nullptr);

@@ -586,6 +586,11 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
   }
   if (o_.serving_epoch) serving = o_.serving_epoch(main.slot);
   if ((k.pending_segment || k.pending_snapshot.valid()) && !k.PendingOf(t.capture_)) {
+    if (!snapshots && k.pending_snapshot.valid()) {
+      // A whole database's upload: after every tenant's segments.
+      if (deferred) *deferred = true;
+      return false;
+    }
     // Taken from a file since deleted (the tenant was made again before its
     // tombstone shipped). They may have landed already, so they are retried
     // byte for byte, as that file's history; but none is this file's base
@@ -690,6 +695,13 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
         st = ShipSnapshot(t, in.snapshot_due && !in.gap && k.base);
         break;
       case ShipAction::kSegment:
+        if (!snapshots && !k.pending_segment && k.pending_snapshot.valid()) {
+          // ShipSegment would land the staged snapshot first (a whole
+          // database's upload): after every tenant's segments, like any
+          // other snapshot.
+          if (deferred) *deferred = true;
+          return false;
+        }
         st = ShipSegment(t);
         --step;
         rescan = false;

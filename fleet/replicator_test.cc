@@ -2281,5 +2281,85 @@ TEST_F(ReplicatorTest, a_pending_snapshot_ahead_of_a_backlog_waits_for_every_ten
   }
 }
 
+
+// Review: the deleted file's staged snapshot that a tenant made again
+// retries first is a whole database's upload too: it waits for the round's
+// second pass, behind every other tenant's segments.
+TEST_F(ReplicatorTest, a_deleted_files_pending_snapshot_waits_for_every_tenants_segments) {
+  StepWall wall;
+  auto failing = std::make_shared<FailingDestination>(dest_);
+  ReplicatorOptions o = Options();
+  o.wall = &wall;
+  o.destination = failing;
+  Start(std::move(o));
+  std::vector<FleetFile> steady;
+  std::vector<std::unique_ptr<Db>> dbs;
+  std::vector<std::shared_ptr<TenantWatch>> watches;
+  for (int i = 0; i < 4; ++i) {
+    steady.push_back(Main("beside-remade-" + std::to_string(i)));
+    fs::create_directories(fs::path(Backing(steady.back())).parent_path());
+    dbs.push_back(std::make_unique<Db>(Backing(steady.back())));
+    watches.push_back(WalTenant(*rep_, *dbs.back(), steady.back()));
+    Insert(*dbs.back(), 0, 1);
+  }
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  FleetFile k = Main("remade-late");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  auto stamp = [&] {
+    UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(WriteStamps(fd.get(), kEpoch, k.key, k.main_path).ok());
+  };
+  auto big_rows = [](Db& db, int from, int to) {
+    for (int i = from; i < to; ++i) {
+      db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
+    }
+  };
+  // Its first snapshot (about 400 KiB) is staged and does not land.
+  failing->FailWritesOver(256 << 10, Unavailable("the replica's server is down"));
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    stamp();
+    big_rows(db, 0, 100);
+    bool staged = false;
+    for (int round = 0; round < 5 && !staged; ++round) {
+      EXPECT_FALSE(rep_->Flush(mono_.Now()));
+      staged = failing->injected_failures() > 0;
+    }
+    ASSERT_TRUE(staged) << "the first snapshot was never tried";
+  }
+  for (std::string suffix : {"", "-wal", "-shm"}) fs::remove(Backing(k) + suffix);
+  rep_->Deleted(k, kEpoch);
+  // A round while it is deleted (its tombstone does not land) leaves it
+  // out of the active set; the others' commits come next, and the tenant
+  // made again last: the active set (libstdc++'s unordered_map) then
+  // visits it ahead of them, and the test failed without the fix.
+  failing->FailEvery(Request::kCreate, Unavailable("the replica's server is down"));
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  for (auto& d : dbs) Insert(*d, 1, 2);
+  Db db(Backing(k));  // made again before its tombstone ships
+  db.Exec("PRAGMA journal_mode=WAL");
+  db.Exec("CREATE TABLE t(id INTEGER PRIMARY KEY, pad BLOB)");
+  auto watch = WalTenant(*rep_, db, k);
+  stamp();
+  Insert(db, 500, 501);
+  failing->Heal();
+  dest_->HoldSnapshots(true);
+  std::thread flush([&] { rep_->Flush(mono_.Now() + seconds(30)); });
+  ASSERT_TRUE(dest_->WaitSnapshotHeld(seconds(20)));
+  for (const FleetFile& s : steady) {
+    auto headers = Headers(*inner_, s);
+    EXPECT_TRUE(!headers.empty() && headers.back().kind == LogKind::kSegment)
+        << s.main_path << ": its commit waited behind a deleted file's pending snapshot";
+  }
+  dest_->HoldSnapshots(false);
+  flush.join();
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  auto restored = Restored(k);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  Db copy(*restored);
+  EXPECT_EQ(copy.Ids(), Range(500, 501));
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

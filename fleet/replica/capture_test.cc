@@ -359,7 +359,7 @@ TEST_F(SpillLostTest, a_take_that_cannot_read_the_spill_keeps_the_spilled_commit
   ASSERT_TRUE(fs::exists(spill)) << "nothing spilled";
   fs::resize_file(spill, 0);
   EXPECT_TRUE(c->Take().empty());
-  EXPECT_EQ(c->oldest_pending_ms(), first) << "the spill error's lag was not published";
+  EXPECT_EQ(c->oldest_pending_ms(), first) << "the lag after the spill error is not theirs";
   Commit(*c, 1);
   EXPECT_EQ(c->oldest_pending_ms(), first) << "the lag restarted at the spill error";
 }

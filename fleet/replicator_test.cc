@@ -2329,13 +2329,23 @@ TEST_F(ReplicatorTest, a_deleted_files_pending_snapshot_waits_for_every_tenants_
     ASSERT_TRUE(staged) << "the first snapshot was never tried";
   }
   for (std::string suffix : {"", "-wal", "-shm"}) fs::remove(Backing(k) + suffix);
-  rep_->Deleted(k, kEpoch);
-  // A round while it is deleted (its tombstone does not land) leaves it
-  // out of the active set; the others' commits come next, and the tenant
-  // made again last: the active set (libstdc++'s unordered_map) then
-  // visits it ahead of them, and the test failed without the fix.
+  // The delete wakes the uploader for a round of its own (its tombstone
+  // does not land), which leaves the deleted tenant out of the active set;
+  // the others' commits come next, and the tenant made again last: the
+  // active set (libstdc++'s unordered_map) then visits it ahead of them,
+  // and the test failed without the fix. That round must be over first: a
+  // round still running when the store heals would visit the others while
+  // it is down and reach the held snapshot after. Once it has counted its
+  // visit (the deleted tenant's, its only one, after the tombstone) it makes
+  // no call and visits no tenant any more.
   failing->FailEvery(Request::kCreate, Unavailable("the replica's server is down"));
-  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  const auto visits = rep_->Stats().tenant_visits;
+  rep_->Deleted(k, kEpoch);
+  const auto waited = std::chrono::steady_clock::now() + seconds(20);
+  while (rep_->Stats().tenant_visits == visits && std::chrono::steady_clock::now() < waited) {
+    std::this_thread::yield();
+  }
+  ASSERT_GT(rep_->Stats().tenant_visits, visits) << "the delete woke no round";
   for (auto& d : dbs) Insert(*d, 1, 2);
   Db db(Backing(k));  // made again before its tombstone ships
   db.Exec("PRAGMA journal_mode=WAL");

@@ -2192,6 +2192,33 @@ TEST_F(ReplicatorTest, a_pending_periodic_snapshot_lands_before_any_segment_take
 }
 
 
+// Rows of a page each (Insert's are a tenth of one): a few hundred of them
+// make a snapshot larger than any segment of one.
+void InsertPages(Db& db, int from, int to) {
+  for (int i = from; i < to; ++i) {
+    db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
+  }
+}
+
+// Runs a round with every snapshot upload held at the destination and
+// expects each of `steady` to have shipped its waiting commit (a segment)
+// before the first snapshot was held: a round's segments go before any
+// snapshot. The round is let go and joined whatever is found.
+void ExpectSegmentsBeforeAnySnapshot(Replicator& rep, ProbeDestination& dest,
+                                     Destination& replica, const MonotonicClock& mono,
+                                     const std::vector<FleetFile>& steady, const char* behind) {
+  dest.HoldSnapshots(true);
+  std::thread flush([&] { rep.Flush(mono.Now() + seconds(30)); });
+  EXPECT_TRUE(dest.WaitSnapshotHeld(seconds(20))) << "no snapshot was uploaded";
+  for (const FleetFile& k : steady) {
+    auto headers = Headers(replica, k);
+    EXPECT_TRUE(!headers.empty() && headers.back().kind == LogKind::kSegment)
+        << k.main_path << ": its commit waited behind " << behind;
+  }
+  dest.HoldSnapshots(false);
+  flush.join();
+}
+
 // Review: the pending snapshot ShipSegment lands first (a tenant whose
 // periodic snapshot failed, with a backlog larger than one take since) is a
 // whole database's upload: it waits for the round's second pass like any
@@ -2216,17 +2243,12 @@ TEST_F(ReplicatorTest, a_pending_snapshot_ahead_of_a_backlog_waits_for_every_ten
     dbs.push_back(std::make_unique<Db>(Backing(keys.back())));
     watches.push_back(WalTenant(*rep_, *dbs.back(), keys.back()));
   };
-  auto big_rows = [](Db& db, int from, int to) {
-    for (int i = from; i < to; ++i) {
-      db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
-    }
-  };
   std::vector<FleetFile> pending, steady;
   std::vector<std::unique_ptr<Db>> pdbs, sdbs;
   std::vector<std::shared_ptr<TenantWatch>> watches;
   for (int i = 0; i < 4; ++i) {
     make("pending-" + std::to_string(i), pending, pdbs, watches);
-    big_rows(*pdbs.back(), 0, 100);  // a snapshot of about 400 KiB
+    InsertPages(*pdbs.back(), 0, 100);  // a snapshot of about 400 KiB
   }
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   for (auto& db : pdbs) Insert(*db, 100, 101);
@@ -2238,7 +2260,7 @@ TEST_F(ReplicatorTest, a_pending_snapshot_ahead_of_a_backlog_waits_for_every_ten
   EXPECT_FALSE(rep_->Flush(mono_.Now()));
   // A backlog larger than one take each: the snapshot is no longer "due",
   // and the next decision is a segment, which lands the snapshot first.
-  for (auto& db : pdbs) big_rows(*db, 200, 230);
+  for (auto& db : pdbs) InsertPages(*db, 200, 230);
   // Tenants made after the jump (no snapshot due), shipped (their first
   // snapshots are small), then each with one commit waiting.
   for (int i = 0; i < 4; ++i) {
@@ -2260,16 +2282,8 @@ TEST_F(ReplicatorTest, a_pending_snapshot_ahead_of_a_backlog_waits_for_every_ten
   ASSERT_TRUE(first_snapshots_landed());
   for (auto& db : sdbs) Insert(*db, 1, 2);
   failing->Heal();
-  dest_->HoldSnapshots(true);
-  std::thread flush([&] { rep_->Flush(mono_.Now() + seconds(30)); });
-  ASSERT_TRUE(dest_->WaitSnapshotHeld(seconds(20)));
-  for (const FleetFile& k : steady) {
-    auto headers = Headers(*inner_, k);
-    EXPECT_TRUE(!headers.empty() && headers.back().kind == LogKind::kSegment)
-        << k.main_path << ": its commit waited behind another tenant's pending snapshot";
-  }
-  dest_->HoldSnapshots(false);
-  flush.join();
+  ExpectSegmentsBeforeAnySnapshot(*rep_, *dest_, *inner_, mono_, steady,
+                                  "another tenant's pending snapshot");
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   for (const FleetFile& k : pending) {
     auto restored = Restored(k);
@@ -2309,18 +2323,13 @@ TEST_F(ReplicatorTest, a_deleted_files_pending_snapshot_waits_for_every_tenants_
     UniqueFd fd(::open(Backing(k).c_str(), O_RDONLY | O_CLOEXEC));
     ASSERT_TRUE(WriteStamps(fd.get(), kEpoch, k.key, k.main_path).ok());
   };
-  auto big_rows = [](Db& db, int from, int to) {
-    for (int i = from; i < to; ++i) {
-      db.Exec("INSERT INTO t(id, pad) VALUES (" + std::to_string(i) + ", randomblob(3000))");
-    }
-  };
   // Its first snapshot (about 400 KiB) is staged and does not land.
   failing->FailWritesOver(256 << 10, Unavailable("the replica's server is down"));
   {
     Db db(Backing(k));
     auto watch = WalTenant(*rep_, db, k);
     stamp();
-    big_rows(db, 0, 100);
+    InsertPages(db, 0, 100);
     bool staged = false;
     for (int round = 0; round < 5 && !staged; ++round) {
       EXPECT_FALSE(rep_->Flush(mono_.Now()));
@@ -2354,16 +2363,8 @@ TEST_F(ReplicatorTest, a_deleted_files_pending_snapshot_waits_for_every_tenants_
   stamp();
   Insert(db, 500, 501);
   failing->Heal();
-  dest_->HoldSnapshots(true);
-  std::thread flush([&] { rep_->Flush(mono_.Now() + seconds(30)); });
-  ASSERT_TRUE(dest_->WaitSnapshotHeld(seconds(20)));
-  for (const FleetFile& s : steady) {
-    auto headers = Headers(*inner_, s);
-    EXPECT_TRUE(!headers.empty() && headers.back().kind == LogKind::kSegment)
-        << s.main_path << ": its commit waited behind a deleted file's pending snapshot";
-  }
-  dest_->HoldSnapshots(false);
-  flush.join();
+  ExpectSegmentsBeforeAnySnapshot(*rep_, *dest_, *inner_, mono_, steady,
+                                  "a deleted file's pending snapshot");
   ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   auto restored = Restored(k);
   ASSERT_TRUE(restored.ok()) << restored.status().message();

@@ -276,10 +276,11 @@ TEST_F(CaptureLagTest, a_gap_publishes_the_lag_it_opens) {
 // spilled; the snapshot ships those commits, so they count until it lands.
 class SpillLostTest : public CaptureLagTest {
  protected:
-  // Past its first snapshot, with three commits spilled (memory holds none)
-  // and the spill file then cut to nothing.
-  std::unique_ptr<Capture> SpilledAndLost(const std::string& name, WallMs* first) {
-    auto c = Tenant(name, std::make_shared<CaptureBudget>(1, 16 << 20));
+  // Past its first snapshot, with three commits spilled beyond what
+  // `memory` holds (by default none) and the spill file then cut to nothing.
+  std::unique_ptr<Capture> SpilledAndLost(const std::string& name, WallMs* first,
+                                          std::uint64_t memory = 1) {
+    auto c = Tenant(name, std::make_shared<CaptureBudget>(memory, 16 << 20));
     Commit(*c, 1);
     c->ClearGap(CopyForSnapshot(*c));
     for (int i = 0; i < 3; ++i) Commit(*c, 1);
@@ -323,13 +324,9 @@ TEST_F(SpillLostTest, commits_a_snapshot_covers_but_could_not_read_count_until_i
 // snapshot holds those. The segment landing (and the snapshot's upload
 // failing) must not make them read as shipped.
 TEST_F(SpillLostTest, commits_only_the_pending_snapshot_holds_count_after_the_segment_ahead_lands) {
-  auto c = Tenant("lost-suffix", std::make_shared<CaptureBudget>(6000, 16 << 20));
-  Commit(*c, 1);
-  c->ClearGap(CopyForSnapshot(*c));
-  for (int i = 0; i < 3; ++i) Commit(*c, 1);  // the first in memory, two spilled
-  const fs::path spill = dir_ / ".fleetfs" / "spill" / MarkerName(c->main());
-  ASSERT_TRUE(fs::exists(spill)) << "nothing spilled";
-  fs::resize_file(spill, 0);
+  WallMs made = 0;
+  auto c = SpilledAndLost("lost-suffix", &made, 6000);  // the first in memory, two spilled
+  ASSERT_NE(c, nullptr);
   {
     auto hold = c->HoldForSnapshot(std::chrono::milliseconds(100));
     ASSERT_TRUE(hold.ok()) << hold.status().message();

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -89,10 +90,20 @@ class Destination {
 // Checks that `path` names an object a Create may write (see Create).
 Status ValidateObjectPath(std::string_view path);
 
+// Where an s3:// destination's requests go: the config keys (and flags)
+// replica_endpoint, replica_region and replica_path_style. Credentials are not
+// here: they are found the way AWS tools find them, when the destination opens.
+struct S3Settings {
+  std::string endpoint;            // "" = AWS's endpoint for the region
+  std::string region;              // "" = AWS_REGION, AWS_DEFAULT_REGION, else us-east-1
+  std::optional<bool> path_style;  // unset = on for a custom endpoint, off for AWS
+};
+
 struct DestinationOptions {
   // file://: stage writes in named temporary files even where the file system
   // offers O_TMPFILE (files without a name); for tests of that path.
   bool named_temps_only = false;
+  S3Settings s3;  // s3:// only
 };
 
 // Opens `url`: only file:///ABSOLUTE/DIR for now (made, 0700, when absent).

@@ -89,8 +89,9 @@ class FileDest : public ::testing::TestWithParam<bool> {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::shared_ptr<Destination> Open(const fs::path& root) {
-    auto d = OpenDestination("file://" + root.string(),
-                             DestinationOptions{.named_temps_only = GetParam()});
+    DestinationOptions options;
+    options.named_temps_only = GetParam();
+    auto d = OpenDestination("file://" + root.string(), options);
     EXPECT_TRUE(d.ok()) << d.status().message();
     return *d;
   }

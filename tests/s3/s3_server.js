@@ -1,0 +1,164 @@
+#!/usr/bin/env node
+// A real S3-compatible server for the tests: @20minutes/s3rver on loopback,
+// with AWS's `If-None-Match: *` create-only semantics added, because s3rver
+// ignores conditional headers on writes and fleetfs's s3:// replicas rely on
+// them to never overwrite an object another agent wrote.
+//
+//   node s3_server.js --dir DATA [--port 0] [--modules CACHE] [--no-conditional]
+//                     [--verbose] BUCKET...
+//
+// Prints `listening PORT` on stdout once the buckets exist and the socket
+// accepts; exits 0 on SIGTERM or SIGINT. Test code only.
+'use strict';
+
+const path = require('path');
+const fs = require('fs');
+
+function usage(message) {
+  process.stderr.write(`s3_server: ${message}\n` +
+    'usage: s3_server.js --dir DATA [--port N] [--modules DIR] [--no-conditional] [--verbose] BUCKET...\n');
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  const args = { port: 0, dir: null, modules: null, conditional: true, verbose: false, buckets: [] };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const value = () => {
+      if (i + 1 >= argv.length) usage(`${a} needs a value`);
+      return argv[++i];
+    };
+    if (a === '--port') args.port = Number(value());
+    else if (a === '--dir') args.dir = value();
+    else if (a === '--modules') args.modules = value();
+    else if (a === '--no-conditional') args.conditional = false;
+    else if (a === '--verbose') args.verbose = true;
+    else if (a.startsWith('--')) usage(`unknown option ${a}`);
+    else args.buckets.push(a);
+  }
+  if (!args.dir) usage('--dir is required');
+  if (!Number.isInteger(args.port) || args.port < 0 || args.port > 65535) usage('--port must be 0..65535');
+  return args;
+}
+
+// The package directory: --modules may name the cache folder (holding
+// node_modules/) or a node_modules folder; otherwise NODE_PATH finds it.
+function findS3rver(modules) {
+  const candidates = [];
+  if (modules) {
+    candidates.push(path.join(modules, 'node_modules', '@20minutes', 's3rver'));
+    candidates.push(path.join(modules, '@20minutes', 's3rver'));
+  }
+  for (const dir of candidates) {
+    if (fs.existsSync(path.join(dir, 'package.json'))) return dir;
+  }
+  try {
+    return path.dirname(require.resolve('@20minutes/s3rver/package.json'));
+  } catch (err) {
+    process.stderr.write('s3_server: @20minutes/s3rver not found ' +
+      `(looked in ${candidates.join(', ') || 'no --modules'} and NODE_PATH=${process.env.NODE_PATH || ''}); ` +
+      'run packaging/install-deps.sh\n');
+    process.exit(2);
+  }
+}
+
+// Serializes the writes to one key, so that a conditional create's existence
+// check and its write are one step: of two racing creates exactly one wins.
+class KeyLocks {
+  constructor() { this.tails = new Map(); }
+  async run(name, fn) {
+    const previous = this.tails.get(name) || Promise.resolve();
+    let release;
+    const mine = new Promise((resolve) => { release = resolve; });
+    const tail = previous.then(() => mine);
+    this.tails.set(name, tail);
+    await previous;
+    try {
+      return await fn();
+    } finally {
+      release();
+      if (this.tails.get(name) === tail) this.tails.delete(name);
+    }
+  }
+}
+
+// Wraps the object controller's writes. This runs where the router calls the
+// controller, i.e. after s3rver has authenticated the request and found the
+// bucket, as AWS does (a bad signature is 403, a missing bucket 404, before
+// any precondition is looked at).
+function addConditionalWrites(s3rverDir, S3Error) {
+  const objectCtrl = require(path.join(s3rverDir, 'lib', 'controllers', 'object'));
+  const locks = new KeyLocks();
+  const conditional = (name) => {
+    const original = objectCtrl[name];
+    if (typeof original !== 'function') throw new Error(`s3rver has no object controller ${name}`);
+    objectCtrl[name] = async function (ctx) {
+      const { bucket, key } = ctx.params;
+      return locks.run(`${bucket}/${key}`, async () => {
+        const noneMatch = ctx.get('if-none-match');
+        if (noneMatch !== '' && noneMatch.trim() === '*' &&
+            (await ctx.store.existsObject(bucket, key))) {
+          throw new S3Error('PreconditionFailed',
+            'At least one of the pre-conditions you specified did not hold',
+            { Condition: 'If-None-Match', RequestId: requestId(), HostId: 'fleetfs-test-s3rver' });
+        }
+        return original.call(this, ctx);
+      });
+    };
+  };
+  const locked = (name) => {
+    const original = objectCtrl[name];
+    if (typeof original !== 'function') throw new Error(`s3rver has no object controller ${name}`);
+    objectCtrl[name] = async function (ctx) {
+      return locks.run(`${ctx.params.bucket}/${ctx.params.key}`, () => original.call(this, ctx));
+    };
+  };
+  conditional('putObject');
+  conditional('completeMultipartUpload');
+  // Unconditional writes to the key take the same lock, so a conditional
+  // create never interleaves with them.
+  locked('putObjectCopy');
+  locked('deleteObject');
+}
+
+let requestCounter = 0;
+function requestId() {
+  requestCounter += 1;
+  return `FLEETFS${String(requestCounter).padStart(9, '0')}`;
+}
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2));
+  const s3rverDir = findS3rver(args.modules);
+  const S3rver = require(s3rverDir);
+  const S3Error = require(path.join(s3rverDir, 'lib', 'models', 'error'));
+  if (args.conditional) addConditionalWrites(s3rverDir, S3Error);
+
+  fs.mkdirSync(args.dir, { recursive: true });
+  const server = new S3rver({
+    address: '127.0.0.1',
+    port: args.port,
+    directory: args.dir,
+    silent: !args.verbose,
+    configureBuckets: args.buckets.map((name) => ({ name })),
+  });
+  const { port } = await server.run();
+
+  let stopping = false;
+  const stop = () => {
+    if (stopping) return;
+    stopping = true;
+    // Keep-alive connections would hold close() open; the tests are done.
+    server.httpServer.closeAllConnections();
+    server.close().then(() => process.exit(0), () => process.exit(0));
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+
+  process.stdout.write(`listening ${port}\n`);
+}
+
+main().catch((err) => {
+  process.stderr.write(`s3_server: ${err.stack || err}\n`);
+  process.exit(1);
+});

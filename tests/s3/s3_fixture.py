@@ -64,7 +64,8 @@ class S3Server:
         self.dir = tempfile.mkdtemp(prefix="fleetfs-s3-")
         self.data_dir = os.path.join(self.dir, "data")
         self.log_path = os.path.join(self.dir, "s3rver.log")
-        args = [node, SERVER_JS, "--dir", self.data_dir, "--port", str(port),
+        # s3rver's continuation tokens use DES, in OpenSSL 3's legacy provider.
+        args = [node, "--openssl-legacy-provider", SERVER_JS, "--dir", self.data_dir, "--port", str(port),
                 "--modules", modules_dir()]
         if not conditional:
             args.append("--no-conditional")

@@ -4,7 +4,7 @@
 // ignores conditional headers on writes and fleetfs's s3:// replicas rely on
 // them to never overwrite an object another agent wrote.
 //
-//   node s3_server.js --dir DATA [--port 0] [--modules CACHE] [--no-conditional]
+//   node --openssl-legacy-provider s3_server.js --dir DATA [--port 0] [--modules CACHE] [--no-conditional]
 //                     [--verbose] BUCKET...
 //
 // Prints `listening PORT` on stdout once the buckets exist and the socket
@@ -121,14 +121,58 @@ function addConditionalWrites(s3rverDir, S3Error) {
   locked('deleteObject');
 }
 
+// s3rver lists in the order of its on-disk names ("a/b" before "a", since a
+// key's file is "a._S3rver_object" beside the directory "a"), and truncates
+// in that order, so paging with the last key as the next start-after loses
+// keys. AWS lists in UTF-8 byte order, and its clients page on that; this
+// sorts the whole listing and truncates it afterwards, keys and common
+// prefixes together, as AWS counts both against max-keys.
+function listInKeyOrder(store) {
+  const original = store.listObjects.bind(store);
+  store.listObjects = async function (bucket, options) {
+    const maxKeys = options.maxKeys === undefined ? Infinity : options.maxKeys;
+    const all = await original(bucket, { ...options, maxKeys: Infinity });
+    const byBytes = (a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b));
+    const entries = [
+      ...all.objects.map((object) => ({ name: object.key, object })),
+      ...all.commonPrefixes.map((prefix) => ({ name: prefix, prefix })),
+    ].sort((a, b) => byBytes(a.name, b.name));
+    let page = entries.slice(0, maxKeys);
+    // s3rver's NextContinuationToken is the page's last object: end the
+    // page there, so prefixes after it come again on the next page rather
+    // than twice.
+    if (entries.length > page.length && page.some((e) => e.object)) {
+      while (!page[page.length - 1].object) page = page.slice(0, -1);
+    }
+    return {
+      objects: page.filter((e) => e.object).map((e) => e.object),
+      commonPrefixes: page.filter((e) => e.prefix).map((e) => e.prefix),
+      isTruncated: entries.length > page.length,
+    };
+  };
+}
+
 let requestCounter = 0;
 function requestId() {
   requestCounter += 1;
   return `FLEETFS${String(requestCounter).padStart(9, '0')}`;
 }
 
+// s3rver makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3
+// keeps in its legacy provider: without it every truncated listing is a 500.
+function checkDes() {
+  try {
+    require('crypto').createCipheriv('des', Buffer.alloc(8), Buffer.alloc(8));
+  } catch (err) {
+    process.stderr.write('s3_server: DES is unavailable (' + err.message + '); s3rver needs it for ' +
+      'ListObjectsV2 continuation tokens: run node --openssl-legacy-provider s3_server.js ...\n');
+    process.exit(2);
+  }
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2));
+  checkDes();
   const s3rverDir = findS3rver(args.modules);
   const S3rver = require(s3rverDir);
   const S3Error = require(path.join(s3rverDir, 'lib', 'models', 'error'));
@@ -142,6 +186,7 @@ async function main() {
     silent: !args.verbose,
     configureBuckets: args.buckets.map((name) => ({ name })),
   });
+  listInKeyOrder(server.store);
   const { port } = await server.run();
 
   let stopping = false;

@@ -152,6 +152,66 @@ function listInKeyOrder(store) {
   };
 }
 
+// Range GETs as AWS answers them. s3rver reads `bytes=-N` (the last N bytes)
+// as `bytes=0-N`, and `bytes=0-0` (one byte) as the whole object, because
+// it tests the end with ||; and it answers `bytes=0-` on an empty object
+// with 206 where AWS says 416.
+function fixRanges(s3rverDir, store) {
+  const objectCtrl = require(path.join(s3rverDir, 'lib', 'controllers', 'object'));
+  const S3Object = require(path.join(s3rverDir, 'lib', 'models', 'object'));
+  const { createReadStream } = require('fs');
+
+  const getObject = objectCtrl.getObject;
+  objectCtrl.getObject = async function (ctx) {
+    const suffix = /^bytes=-(\d+)$/.exec(ctx.headers.range || '');
+    if (suffix) {
+      let size = null;
+      try {
+        size = Number((await ctx.store.getMetadata(ctx.params.bucket, ctx.params.key))['content-length']);
+      } catch (err) {
+        if (err.code !== 'ENOENT') throw err;
+      }
+      if (size !== null) {
+        const n = Number(suffix[1]);
+        // An empty suffix or object has no bytes to give: start past the end.
+        ctx.headers.range = n === 0 || size === 0
+          ? `bytes=${size}-`
+          : `bytes=${Math.max(0, size - n)}-${size - 1}`;
+      }
+    }
+    return getObject.call(this, ctx);
+  };
+
+  store.getObject = async function (bucket, key, options) {
+    let metadata;
+    try {
+      metadata = await this.getMetadata(bucket, key);
+    } catch (err) {
+      if (err.code === 'ENOENT') return null;
+      throw err;
+    }
+    const size = Number(metadata['content-length']);
+    const ranged = options && (options.start !== undefined || options.end !== undefined);
+    const range = ranged
+      ? { start: options.start || 0, end: Math.min(options.end === undefined ? Infinity : options.end, size - 1) }
+      : { start: 0, end: Math.max(0, size - 1) };
+    if (ranged && !(range.start >= 0 && range.start < size && range.start <= range.end)) {
+      const object = new S3Object(bucket, key, null, metadata);
+      object.range = range; // no content: the controller answers 416
+      return object;
+    }
+    const content = await new Promise((resolve, reject) => {
+      const stream = createReadStream(this.getResourcePath(bucket, key, 'object'),
+        size === 0 ? {} : range)
+        .on('error', reject)
+        .on('open', () => resolve(stream));
+    });
+    const object = new S3Object(bucket, key, content, metadata);
+    if (ranged) object.range = range;
+    return object;
+  };
+}
+
 let requestCounter = 0;
 function requestId() {
   requestCounter += 1;
@@ -187,6 +247,7 @@ async function main() {
     configureBuckets: args.buckets.map((name) => ({ name })),
   });
   listInKeyOrder(server.store);
+  fixRanges(s3rverDir, server.store);
   const { port } = await server.run();
 
   let stopping = false;

@@ -208,6 +208,28 @@ class ConditionalServerTest(unittest.TestCase):
         self.assertEqual(listed, sorted(keys, key=lambda k: k.encode()))
         self.assertEqual(pages, 4)
 
+    def test_range_get_as_aws_answers(self):
+        self.assertEqual(curl(self.s3.endpoint, "PUT", f"/{self.s3.bucket}/range", b"0123456789").status, 200)
+        cases = {
+            "bytes=0-0": (206, b"0", "bytes 0-0/10"),
+            "bytes=2-5": (206, b"2345", "bytes 2-5/10"),
+            "bytes=7-": (206, b"789", "bytes 7-9/10"),
+            "bytes=-3": (206, b"789", "bytes 7-9/10"),
+            "bytes=-30": (206, b"0123456789", "bytes 0-9/10"),
+            "bytes=8-20": (206, b"89", "bytes 8-9/10"),
+        }
+        for range_, (status, body, content_range) in cases.items():
+            a = curl(self.s3.endpoint, "GET", f"/{self.s3.bucket}/range", headers=[f"Range: {range_}"])
+            self.assertEqual((a.status, a.body, a.headers.get("content-range")),
+                             (status, body, content_range), range_)
+        a = curl(self.s3.endpoint, "GET", f"/{self.s3.bucket}/range", headers=["Range: bytes=10-"])
+        self.assertEqual((a.status, a.code()), (416, "InvalidRange"))
+        self.assertEqual(curl(self.s3.endpoint, "PUT", f"/{self.s3.bucket}/range-empty", b"").status, 200)
+        a = curl(self.s3.endpoint, "GET", f"/{self.s3.bucket}/range-empty", headers=["Range: bytes=0-"])
+        self.assertEqual((a.status, a.code()), (416, "InvalidRange"))
+        a = curl(self.s3.endpoint, "GET", f"/{self.s3.bucket}/range-empty")
+        self.assertEqual((a.status, a.body), (200, b""))
+
     def test_missing_key_is_404_no_such_key(self):
         a = self.get("never-written")
         self.assertEqual(a.status, 404, a)

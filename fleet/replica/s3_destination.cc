@@ -280,7 +280,8 @@ class S3Destination final : public Destination {
     if (conditional) r.headers.emplace_back("If-None-Match", "*");
     auto got = client_->Call(std::move(r));
     if (!got.ok()) return got.status().WithContext(Where("PUT", path));
-    if (got->status == 200) return Status::Ok();
+    // 2xx: some S3-compatible stores answer a PUT with 201 or 204.
+    if (got->status / 100 == 2) return Status::Ok();
     if (conditional && got->status == 412) return AlreadyExists(path);
     return client_->ErrorOf(*got, "PUT " + Key(path));
   }

@@ -76,6 +76,9 @@ class Destination {
   virtual Result<std::uint64_t> Size(std::string_view path) = 0;
   // Removes an object, or a directory and everything under it.
   virtual Status Remove(std::string_view path) = 0;
+  // Removes one object (never a directory): where a store must list to find
+  // what is under a name (S3), this saves the listing. The default removes.
+  virtual Status RemoveObject(std::string_view path) { return Remove(path); }
   // A write probe: OK when a put can land now.
   virtual Status Probe() = 0;
 

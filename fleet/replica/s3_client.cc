@@ -241,8 +241,15 @@ class CurlS3Transport final : public S3Transport {
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for DNS timeouts
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeouts_.connect.count()));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeouts_.total.count()));
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    Millis total = timeouts_.total;
+    if (request.time_left.count() > 0) total = std::min(total, request.time_left);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, std::max<long>(1, static_cast<long>(total.count())));
+    // A store that trickles a byte now and then is as stuck as a silent one;
+    // 1 KiB/s over the stall window is far below any working link.
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    // SigV4 signs the path as sent, and S3 keys may hold "." and ".." parts:
+    // curl must not resolve them into another key (or the bucket itself).
+    curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                      std::max<long>(1, static_cast<long>(timeouts_.stall.count() / 1000)));
     curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4_.c_str());
@@ -386,8 +393,17 @@ Result<S3Response> S3Client::Call(S3Request request, const BodySink* sink) {
       return Status::Ok();
     };
   }
-  const MonoTime deadline = clock_.Now() + policy_.call_deadline;
+  MonoTime deadline = clock_.Now() + policy_.call_deadline;
+  if (request.shared_deadline && *request.shared_deadline < deadline) {
+    deadline = *request.shared_deadline;
+  }
   for (int attempt = 1;; ++attempt) {
+    const MonoTime now = clock_.Now();
+    if (now >= deadline) {
+      return Unavailable(where_ + ": " + request.method + " ran out of its time (" +
+                         std::to_string(policy_.call_deadline.count() / 1000) + " s for a call)");
+    }
+    request.time_left = std::chrono::duration_cast<Millis>(deadline - now);
     Result<S3Response> r = transport_->Send(request, sink != nullptr ? &counted : nullptr);
     if (!sink_error.ok()) return sink_error;
     if (r.ok()) r->attempts = attempt;
@@ -399,7 +415,7 @@ Result<S3Response> S3Client::Call(S3Request request, const BodySink* sink) {
     }
     if (attempt >= policy_.max_attempts) return r;
     Millis wait = BackoffDelay(policy_, attempt, Random());
-    if (clock_.Now() + wait >= deadline) return r;
+    if (clock_.Now() + wait >= deadline) return r;  // no attempt would have time left
     sleep_(wait);
   }
 }
@@ -414,7 +430,14 @@ Status S3Client::ErrorOf(const S3Response& response, std::string_view what) cons
     return Status(Code::kFailedPrecondition, where_ + ": " + rule);
   };
   std::string region = e && !e->region.empty() ? e->region : response.bucket_region;
-  if (response.status == 301 || code == "PermanentRedirect" ||
+  if (code == "RequestTimeTooSkewed") {
+    // A 403, but no credential is at fault: SigV4 refuses a request whose
+    // time is more than 15 minutes from the store's.
+    return config("this host's clock is too far from the store's for a signed request (" +
+                  detail + "): set the clock right (NTP)");
+  }
+  if (response.status == 301 || response.status == 307 || code == "PermanentRedirect" ||
+      code == "TemporaryRedirect" ||
       code == "AuthorizationHeaderMalformed" || code == "IllegalLocationConstraintException" ||
       (code == "AuthorizationQueryParametersError" && !region.empty())) {
     if (!region.empty() && region != endpoint_.region) {

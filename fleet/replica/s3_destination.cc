@@ -1,12 +1,17 @@
 #include "fleet/replica/s3_destination.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <random>
+#include <set>
+
+#include "fleet/unique_fd.h"
 
 namespace fleetfs::replica::s3 {
 namespace {
@@ -17,6 +22,10 @@ constexpr std::string_view kProbeDir = ".tmp-probe";
 
 // How many times one Get resumes a body that broke off.
 constexpr int kGetResumes = 5;
+
+// A listing longer than this many pages (of up to 1000 names) is a store
+// that never ends it.
+constexpr int kMaxListPages = 100'000;
 
 // S3 counts parts 1..10000.
 constexpr std::uint64_t kMaxParts = 10000;
@@ -74,39 +83,72 @@ class S3Destination final : public Destination {
 
   // A body that breaks off is resumed where it broke (Range from the bytes
   // the sink took, If-Match the ETag the first answer gave), so a large
-  // snapshot survives a reset; an object replaced meanwhile is not spliced.
+  // snapshot survives a reset. A resumed answer must continue the same
+  // object at that byte (a 206 whose Content-Range starts there, the same
+  // ETag): a store that ignores Range or If-Match would otherwise splice
+  // two objects, or the start of one twice. All resumes share one deadline.
   Status Get(std::string_view path, const Sink& sink) override {
     std::uint64_t delivered = 0;
     std::string etag;
+    std::optional<std::uint64_t> total;  // the object's size, from the first answer
+    S3Response head;
+    bool checked = false;  // this attempt's head was checked
     Status sink_error;
-    const BodySink counted = [&](std::string_view piece) {
-      Status st = sink(piece);
-      if (!st.ok()) {
-        sink_error = st;
-        return st;
-      }
-      delivered += piece.size();
-      return Status::Ok();
-    };
+    const MonoTime deadline = client_->CallDeadline();
     for (int resumes = 0;; ++resumes) {
-      S3Request r = ObjectRequest("GET", path);
       const bool resuming = delivered > 0;
+      if (resuming && total && delivered == *total) return Status::Ok();  // broke after the end
+      checked = !resuming;
+      const BodySink counted = [&](std::string_view piece) {
+        if (!checked) {
+          checked = true;
+          const std::string from = "bytes " + std::to_string(delivered) + "-";
+          if (head.status != 206 || !head.content_range.starts_with(from) ||
+              (!head.etag.empty() && head.etag != etag)) {
+            sink_error = Unavailable(
+                Where("GET", path) + ": resuming at byte " + std::to_string(delivered) +
+                " got HTTP " + std::to_string(head.status) + " '" +
+                Printable(head.content_range, 80) + "' " + Printable(head.etag, 80) +
+                ", not the rest of the object it began (" + Printable(etag, 80) +
+                "); read it again");
+            return sink_error;
+          }
+        }
+        Status st = sink(piece);
+        if (!st.ok()) {
+          sink_error = st;
+          return st;
+        }
+        delivered += piece.size();
+        return Status::Ok();
+      };
+      S3Request r = ObjectRequest("GET", path);
+      r.shared_deadline = deadline;
       if (resuming) {
         r.headers.emplace_back("Range", "bytes=" + std::to_string(delivered) + "-");
         r.headers.emplace_back("If-Match", etag);
-      } else {
-        r.on_head = [&](const S3Response& head) { etag = head.etag; };
       }
+      r.on_head = [&, resuming](const S3Response& h) {
+        head = h;
+        if (!resuming) {
+          etag = h.etag;
+          total = h.content_length;
+        }
+      };
       auto got = client_->Call(std::move(r), &counted);
       if (!sink_error.ok()) return sink_error;
       if (got.ok()) {
         if (got->status == 200 && !resuming) return Status::Ok();
         if (got->status == 206 && resuming) return Status::Ok();
-        // The break fell after the last byte: nothing is left to read.
-        if (got->status == 416 && resuming) return Status::Ok();
         if (got->status == 412 && resuming) {
           return Unavailable(Where("GET", path) + ": the object changed while it was read (its " +
                              "ETag is no longer " + Printable(etag, 80) + "); read it again");
+        }
+        if (resuming) {
+          // A 416 here: the object is shorter than its first answer said.
+          return Unavailable(Where("GET", path) + ": resuming at byte " +
+                             std::to_string(delivered) + " got HTTP " +
+                             std::to_string(got->status) + "; read it again");
         }
         return client_->ErrorOf(*got, "GET " + Key(path));
       }
@@ -124,13 +166,18 @@ class S3Destination final : public Destination {
     S3Request r = ObjectRequest("GET", path);
     r.headers.emplace_back("Range", "bytes=0-" + std::to_string(n - 1));
     std::string out;
-    // A store that ignores Range sends the whole object: keep the first n.
+    // A store that ignores Range sends the whole object: keep the first n
+    // and end the transfer there, not at the end of a snapshot.
+    bool enough = false;
     BodySink keep = [&](std::string_view piece) {
       std::size_t take = std::min(piece.size(), n - out.size());
       out.append(piece.substr(0, take));
-      return Status::Ok();
+      if (out.size() < n) return Status::Ok();
+      enough = true;
+      return Status(Code::kInternal, "enough");  // ends the transfer
     };
     auto got = client_->Call(std::move(r), &keep);
+    if (enough) return out;
     if (!got.ok()) return got.status().WithContext(Where("GET", path));
     if (got->status == 200 || got->status == 206) return out;
     // An empty object has no byte 0: S3 says the range is unsatisfiable.
@@ -147,6 +194,8 @@ class S3Destination final : public Destination {
     }
     return *got->content_length;
   }
+
+  Status RemoveObject(std::string_view path) override { return Delete(Key(path)); }
 
   Status Remove(std::string_view path) override {
     if (!path.empty()) FLEETFS_RETURN_IF_ERROR(Delete(Key(path)));
@@ -170,7 +219,12 @@ class S3Destination final : public Destination {
     int aborted = 0;
     std::string key_marker;
     std::string id_marker;
-    while (true) {
+    std::set<std::pair<std::string, std::string>> seen_markers;
+    for (int pages = 0;; ++pages) {
+      if (pages >= kMaxListPages) {
+        return DataLoss(client_->where() + ": " + what + " did not end after " +
+                        std::to_string(kMaxListPages) + " pages");
+      }
       std::vector<std::pair<std::string, std::string>> params = {{"uploads", ""},
                                                                  {"prefix", prefix}};
       if (!key_marker.empty()) {
@@ -188,6 +242,9 @@ class S3Destination final : public Destination {
       if (!page.ok()) return page.status().WithContext(client_->where() + ": " + what);
       for (const MultipartUpload& up : page->uploads) {
         if (!std::string_view(up.key).starts_with(prefix)) continue;
+        // Only uploads of names this destination writes: with no prefix the
+        // listing is the whole bucket, other applications' uploads included.
+        if (!IsOurUpload(std::string_view(up.key).substr(prefix.size()))) continue;
         if (!up.initiated_s || *up.initiated_s >= cutoff) continue;  // perhaps a live writer's
         S3Request abort;
         abort.method = "DELETE";
@@ -201,8 +258,9 @@ class S3Destination final : public Destination {
         return client_->ErrorOf(*done, "aborting an upload of " + up.key);
       }
       if (!page->truncated) return aborted;
-      if (page->next_key_marker == key_marker && page->next_upload_id_marker == id_marker) {
-        return DataLoss(client_->where() + ": " + what + " gave the same markers twice");
+      if (!seen_markers.emplace(page->next_key_marker, page->next_upload_id_marker).second) {
+        return DataLoss(client_->where() + ": " + what +
+                        " gave markers it gave before; it would never end");
       }
       key_marker = page->next_key_marker;
       id_marker = page->next_upload_id_marker;
@@ -222,13 +280,13 @@ class S3Destination final : public Destination {
     auto first = create();
     if (!first.ok()) return first.status().WithContext(client_->where() + ": " + what);
     // A 412 after a retry: the first attempt landed and its answer was lost.
-    if (first->status != 200 && !(first->status == 412 && first->attempts > 1)) {
+    if (first->status / 100 != 2 && !(first->status == 412 && first->attempts > 1)) {
       return client_->ErrorOf(*first, what);
     }
     auto second = create();
     Status removed = Delete(Key(path));
     if (!second.ok()) return second.status().WithContext(client_->where() + ": " + what);
-    if (second->status == 200) {
+    if (second->status / 100 == 2) {
       return Status(Code::kFailedPrecondition,
                     client_->where() +
                         " does not honour conditional writes (If-None-Match: *): a second create "
@@ -236,10 +294,52 @@ class S3Destination final : public Destination {
                         "uploads");
     }
     if (second->status != 412) return client_->ErrorOf(*second, what + " (the second)");
-    return removed;
+    FLEETFS_RETURN_IF_ERROR(removed);
+    return ProbeMultipart();
   }
 
  private:
+  // Large snapshots are created by multipart upload, whose completion must
+  // be refused just as a PUT's is: a store that checks If-None-Match only on
+  // PutObject would let a fenced owner's late snapshot replace a new
+  // owner's marker.
+  Status ProbeMultipart() {
+    char name[48];
+    std::snprintf(name, sizeof name, "%016" PRIx64 "-multipart", client_->Random());
+    const std::string path = std::string(kProbeDir) + "/" + name;
+    UniqueFd fd(::memfd_create("fleetfs-s3-probe", MFD_CLOEXEC));
+    if (!fd.valid()) return ErrnoStatus("memfd_create for the S3 probe", errno);
+    constexpr std::string_view kBody = "fleetfs conditional multipart probe";
+    if (::write(fd.get(), kBody.data(), kBody.size()) != static_cast<ssize_t>(kBody.size())) {
+      return ErrnoStatus("writing the S3 probe", errno);
+    }
+    const std::string what = "the probe's conditional multipart create of " + Key(path);
+    Status first = Multipart(path, fd.get(), kBody.size(), /*conditional=*/true);
+    if (!first.ok() && first.code() != Code::kAlreadyExists) return first.WithContext(what);
+    Status second = Multipart(path, fd.get(), kBody.size(), /*conditional=*/true);
+    Status removed = Delete(Key(path));
+    if (second.ok()) {
+      return Status(Code::kFailedPrecondition,
+                    client_->where() +
+                        " does not honour conditional writes on multipart uploads "
+                        "(CompleteMultipartUpload with If-None-Match: *): a second create of one "
+                        "object was accepted; fleetfs needs them to fence an old owner's large "
+                        "snapshots");
+    }
+    if (second.code() != Code::kAlreadyExists) return second.WithContext(what + " (the second)");
+    return removed;
+  }
+
+  // Whether an upload's key (relative to the prefix) is one this destination
+  // begins: a log object (a 20-digit sequence name) or its own probe.
+  static bool IsOurUpload(std::string_view rest) {
+    if (rest.starts_with(std::string(kProbeDir) + "/")) return true;
+    const std::size_t slash = rest.rfind('/');
+    const std::string_view base = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
+    return base.size() == 20 &&
+           std::all_of(base.begin(), base.end(), [](char c) { return c >= '0' && c <= '9'; });
+  }
+
   std::string Key(std::string_view path) const {
     const std::string& prefix = client_->location().prefix;
     if (prefix.empty()) return std::string(path);
@@ -337,7 +437,9 @@ class S3Destination final : public Destination {
       r.body_length = std::min(part, size - off);
       auto got = client_->Call(std::move(r));
       if (!got.ok()) return got.status().WithContext(Where("uploading part " + number + " of", path));
-      if (got->status != 200) return client_->ErrorOf(*got, "PUT part " + number + " of " + key);
+      if (got->status / 100 != 2) {
+        return client_->ErrorOf(*got, "PUT part " + number + " of " + key);
+      }
       if (got->etag.empty()) {
         return DataLoss(client_->where() + ": part " + number + " of " + key +
                         " was taken without an ETag");
@@ -411,7 +513,13 @@ class S3Destination final : public Destination {
   Status ListKeys(const std::string& prefix, std::string_view after, bool delimiter,
                   std::vector<std::string>* names, std::vector<std::string>* keys) {
     std::string token;
+    std::set<std::string> seen_tokens;
+    std::string last;  // the greatest key or common prefix listed so far
     for (int pages = 0;; ++pages) {
+      if (pages >= kMaxListPages) {
+        return DataLoss(client_->where() + ": listing " + prefix + " did not end after " +
+                        std::to_string(kMaxListPages) + " pages");
+      }
       std::vector<std::pair<std::string, std::string>> params = {
           {"list-type", "2"}, {"max-keys", std::to_string(max_keys_)}, {"prefix", prefix}};
       if (delimiter) params.emplace_back("delimiter", "/");
@@ -429,6 +537,29 @@ class S3Destination final : public Destination {
       if (got->status != 200) return client_->ErrorOf(*got, what);
       auto page = ParseListPage(got->body);
       if (!page.ok()) return page.status().WithContext(client_->where() + ": " + what);
+      // S3 lists in key order, each page after the last: a page that does
+      // not move past what came before (a store that ignores the token) would
+      // list forever.
+      if (pages > 0 && (!page->keys.empty() || !page->prefixes.empty())) {
+        std::string lo;
+        std::string hi;
+        bool first_entry = true;
+        for (const auto* v : {&page->keys, &page->prefixes}) {
+          for (const std::string& k : *v) {
+            if (first_entry || k < lo) lo = k;
+            if (first_entry || k > hi) hi = k;
+            first_entry = false;
+          }
+        }
+        if (lo < last || hi <= last) {
+          return DataLoss(client_->where() + ": " + what + " went back to '" +
+                          Printable(lo, 120) + "' after '" + Printable(last, 120) +
+                          "'; it would never end");
+        }
+      }
+      for (const auto* v : {&page->keys, &page->prefixes}) {
+        for (const std::string& k : *v) last = std::max(last, k);
+      }
       auto relative = [&](const std::string& key) -> std::optional<std::string_view> {
         // Untrusted: a key outside what was asked for is not ours to name.
         if (!std::string_view(key).starts_with(prefix)) return std::nullopt;
@@ -455,9 +586,9 @@ class S3Destination final : public Destination {
         }
       }
       if (!page->truncated) return Status::Ok();
-      if (page->next_token == token) {
+      if (!seen_tokens.insert(page->next_token).second) {
         return DataLoss(client_->where() + ": " + what +
-                        " gave the same continuation token twice; it would never end");
+                        " gave a continuation token it gave before; it would never end");
       }
       token = std::move(page->next_token);
     }

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <atomic>
 
 #include "fleet/unique_fd.h"
 
@@ -70,6 +71,7 @@ class FakeS3 {
 
   bool honours_conditional = true;
   Intercept intercept;
+  std::function<void()> on_piece;  // each piece of a GET's body sent
   std::map<std::string, std::string> objects;
   std::map<std::string, std::map<int, std::string>> uploads;
   std::vector<Seen> seen;
@@ -202,6 +204,7 @@ class FakeS3 {
       return Answer(412, ErrorXml("PreconditionFailed"));
     }
     long status = 200;
+    std::string content_range;
     if (auto range = headers.find("Range"); range != headers.end() && !ignore_range) {
       // bytes=FIRST-[LAST]
       std::string spec = range->second.substr(6);
@@ -209,18 +212,23 @@ class FakeS3 {
       std::size_t first = std::stoul(spec.substr(0, dash));
       std::size_t last = dash + 1 < spec.size() ? std::stoul(spec.substr(dash + 1)) : body.size() - 1;
       if (first >= body.size()) return Answer(416, ErrorXml("InvalidRange"));
+      content_range = "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" +
+                      std::to_string(body.size());
       body = body.substr(first, last + 1 - first);
       status = 206;
     }
     if (sink != nullptr) {
       S3Response head = Answer(status);
       head.etag = etag;
+      head.content_range = content_range;
+      head.content_length = body.size();
       if (r.on_head) r.on_head(head);
       for (std::size_t i = 0; i < body.size(); i += 3) {
         if (break_get_after > 0 && i >= break_get_after && breaks_left > 0) {
           --breaks_left;
           return Unavailable("connection reset mid-body");
         }
+        if (on_piece) on_piece();
         FLEETFS_RETURN_IF_ERROR((*sink)(std::string_view(body).substr(i, 3)));
       }
       return Answer(status);
@@ -450,7 +458,8 @@ TEST_F(S3DestinationTest, a_listing_that_never_ends_is_data_loss) {
   s3_.repeat_token = true;
   auto names = d->List("k");
   EXPECT_EQ(names.status().code(), Code::kDataLoss);
-  EXPECT_NE(names.status().message().find("same continuation token"), std::string::npos);
+  EXPECT_NE(names.status().message().find("it would never end"), std::string::npos)
+      << names.status().message();
 }
 
 TEST_F(S3DestinationTest, a_malformed_listing_is_data_loss_naming_the_replica) {
@@ -600,15 +609,18 @@ TEST_F(S3DestinationTest, clean_temps_aborts_the_old_unfinished_uploads_under_th
     s3_.upload_key[id] = key;
     s3_.upload_initiated[id] = when;
   };
-  begin("old", "fleet/k/snap", "2001-01-01T00:00:00.000Z");
-  begin("fresh", "fleet/k/snap2", "2099-01-01T00:00:00.000Z");
-  begin("other", "elsewhere/k", "2001-01-01T00:00:00.000Z");
+  begin("old", "fleet/k/log/00000000000000000007", "2001-01-01T00:00:00.000Z");
+  begin("fresh", "fleet/k/log/00000000000000000008", "2099-01-01T00:00:00.000Z");
+  begin("other", "elsewhere/k/00000000000000000007", "2001-01-01T00:00:00.000Z");
+  // Under the prefix, old, but not a name this destination writes.
+  begin("foreign", "fleet/backups/db.tar", "2001-01-01T00:00:00.000Z");
   auto cleaned = d->CleanTemps(std::chrono::seconds(3600));
   ASSERT_TRUE(cleaned.ok()) << cleaned.status().message();
   EXPECT_EQ(*cleaned, 1);
   EXPECT_EQ(s3_.uploads.count("old"), 0u);
   EXPECT_EQ(s3_.uploads.count("fresh"), 1u);  // perhaps a live writer's
   EXPECT_EQ(s3_.uploads.count("other"), 1u);  // not under the prefix
+  EXPECT_EQ(s3_.uploads.count("foreign"), 1u);
   EXPECT_EQ(*d->CleanTemps(std::chrono::seconds(3600)), 0);
 }
 
@@ -625,8 +637,14 @@ TEST_F(S3DestinationTest, the_probe_passes_on_a_conditional_store_and_cleans_up)
   Status st = d->Probe();
   EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_TRUE(s3_.objects.empty());
+  // A PUT twice, then a multipart upload twice (the second completion
+  // refused and its upload aborted).
   EXPECT_EQ(s3_.Methods(),
-            (std::vector<std::string>{"PUT if-none-match", "PUT if-none-match", "DELETE"}));
+            (std::vector<std::string>{"PUT if-none-match", "PUT if-none-match", "DELETE",
+                                      "POST ?uploads", "PUT ?partNumber",
+                                      "POST ?uploadId if-none-match", "POST ?uploads",
+                                      "PUT ?partNumber", "POST ?uploadId if-none-match",
+                                      "DELETE ?uploadId", "DELETE"}));
   EXPECT_EQ(s3_.seen[0].path_and_query.rfind("/fleet/.tmp-probe/", 0), 0u)
       << s3_.seen[0].path_and_query;
 }
@@ -689,6 +707,232 @@ TEST(OpenS3, open_destination_builds_an_s3_destination_from_the_url_and_settings
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("replica_endpoint"), std::string::npos)
       << bad.status().message();
+}
+
+
+// From an adversarial review of the S3 destination: each of these failed
+// before its fix.
+
+Result<S3Response> ListAnswer(std::string keys_xml, std::string truncated, std::string token) {
+  return Result<S3Response>(Answer(
+      200, "<ListBucketResult>" + keys_xml + "<IsTruncated>" + truncated + "</IsTruncated>" +
+               (token.empty() ? "" : "<NextContinuationToken>" + token + "</NextContinuationToken>") +
+               "</ListBucketResult>"));
+}
+
+bool IsListing(const S3Request& r) {
+  return r.method == "GET" && r.path_and_query.find("list-type") != std::string::npos;
+}
+
+TEST_F(S3DestinationTest, a_listing_whose_tokens_come_round_again_ends_as_data_loss) {
+  int lists = 0;
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    if (!IsListing(r)) return std::nullopt;
+    if (++lists > 500) return Result<S3Response>(Answer(500, ErrorXml("Stop")));  // the test's bound
+    return ListAnswer("<Contents><Key>fleet/k/0001</Key></Contents>", "true",
+                      lists % 2 ? "A" : "B");
+  };
+  auto d = Open();
+  auto names = d->List("k");
+  EXPECT_EQ(names.status().code(), Code::kDataLoss) << names.status().message();
+  EXPECT_LT(lists, 4);
+}
+
+TEST_F(S3DestinationTest, a_store_that_ignores_the_token_and_hands_out_new_ones_is_stopped) {
+  int lists = 0;
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    if (!IsListing(r)) return std::nullopt;
+    if (++lists > 500) return Result<S3Response>(Answer(500, ErrorXml("Stop")));
+    return ListAnswer("<CommonPrefixes><Prefix>fleet/a/</Prefix></CommonPrefixes>", "true",
+                      "t" + std::to_string(lists));
+  };
+  auto d = Open();
+  auto names = d->List("");
+  EXPECT_EQ(names.status().code(), Code::kDataLoss) << names.status().message();
+  EXPECT_LT(lists, 4);
+}
+
+TEST_F(S3DestinationTest, is_truncated_is_read_as_xml_spells_it_and_an_unknown_spelling_refused) {
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    if (!IsListing(r)) return std::nullopt;
+    if (r.path_and_query.find("continuation-token=t1") == std::string::npos) {
+      return ListAnswer("<Contents><Key>fleet/k/0001</Key></Contents>", " True\n", "t1");
+    }
+    return ListAnswer("<Contents><Key>fleet/k/0002</Key></Contents>", "false", "");
+  };
+  auto d = Open();
+  auto names = d->List("k");
+  ASSERT_TRUE(names.ok()) << names.status().message();
+  EXPECT_EQ(*names, (std::vector<std::string>{"0001", "0002"}));
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    if (!IsListing(r)) return std::nullopt;
+    return ListAnswer("<Contents><Key>fleet/k/0001</Key></Contents>", "maybe", "t1");
+  };
+  EXPECT_EQ(d->List("k").status().code(), Code::kDataLoss);
+}
+
+TEST_F(S3DestinationTest, a_store_that_ignores_the_condition_on_multipart_completion_is_refused) {
+  // If-None-Match honoured on PutObject, ignored on CompleteMultipartUpload:
+  // a fenced owner's late large snapshot would replace a new owner's marker.
+  s3_.intercept = [&](const S3Request& r, FakeS3& s3) -> std::optional<Result<S3Response>> {
+    if (r.method == "POST" && r.path_and_query.find("uploadId=") != std::string::npos) {
+      S3Request copy = r;
+      copy.headers.clear();
+      s3.Apply(copy);
+      return Result<S3Response>(Answer(200, "<CompleteMultipartUploadResult/>"));
+    }
+    return std::nullopt;
+  };
+  auto d = Open();
+  Status st = d->Probe();
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.message();
+  EXPECT_NE(st.message().find("multipart"), std::string::npos) << st.message();
+}
+
+TEST_F(S3DestinationTest, a_resume_answered_from_byte_zero_is_refused_not_spliced) {
+  const std::string body = "0123456789abcdefghijklmnopqrstuvwxyz";
+  s3_.objects["fleet/k/o"] = body;
+  s3_.break_get_after = 9;
+  s3_.breaks_left = 1;
+  int gets = 0;
+  s3_.intercept = [&](const S3Request& r, FakeS3& s3) -> std::optional<Result<S3Response>> {
+    if (r.method == "GET" && ++gets == 2) s3.ignore_range = true;  // the resume
+    return std::nullopt;
+  };
+  auto d = Open();
+  std::string out;
+  Status st = d->Get("k/o", [&](std::string_view p) {
+    out.append(p);
+    return Status::Ok();
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(out, body.substr(0, 9));  // never the start twice
+}
+
+TEST_F(S3DestinationTest, a_resume_the_store_finds_past_the_end_is_an_error_not_a_short_object) {
+  s3_.objects["fleet/k/o"] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  s3_.break_get_after = 9;
+  s3_.breaks_left = 1;
+  int gets = 0;
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    if (r.method == "GET" && ++gets == 2) {
+      return Result<S3Response>(Answer(416, ErrorXml("InvalidRange")));
+    }
+    return std::nullopt;
+  };
+  auto d = Open();
+  Status st = d->Get("k/o", [](std::string_view) { return Status::Ok(); });
+  EXPECT_FALSE(st.ok());
+}
+
+TEST_F(S3DestinationTest, clean_temps_with_no_prefix_leaves_other_applications_uploads) {
+  auto dd = OpenS3Destination("s3://bucket", S3Settings{}, Options());
+  ASSERT_TRUE(dd.ok());
+  s3_.uploads["backup"][1] = "part";
+  s3_.upload_key["backup"] = "nightly-backups/db.tar";
+  s3_.upload_initiated["backup"] = "2001-01-01T00:00:00.000Z";
+  s3_.uploads["ours"][1] = "part";
+  s3_.upload_key["ours"] = "k/log/00000000000000000003";
+  s3_.upload_initiated["ours"] = "2001-01-01T00:00:00.000Z";
+  auto cleaned = (*dd)->CleanTemps(std::chrono::seconds(3600));
+  ASSERT_TRUE(cleaned.ok()) << cleaned.status().message();
+  EXPECT_EQ(*cleaned, 1);
+  EXPECT_EQ(s3_.uploads.count("backup"), 1u);
+  EXPECT_EQ(s3_.uploads.count("ours"), 0u);
+}
+
+TEST_F(S3DestinationTest, a_store_answering_writes_with_204_passes_the_probe) {
+  s3_.intercept = [&](const S3Request& r, FakeS3& s3) -> std::optional<Result<S3Response>> {
+    if (r.method != "PUT" || r.path_and_query.find('?') != std::string::npos) return std::nullopt;
+    auto exists = [&]() {
+      std::lock_guard l(s3.mu);
+      return s3.objects.count(Decode(r.path_and_query.substr(1))) > 0;
+    }();
+    if (exists) return Result<S3Response>(Answer(412, ErrorXml("PreconditionFailed")));
+    S3Request copy = r;
+    s3.Apply(copy);
+    return Result<S3Response>(Answer(204));
+  };
+  auto d = Open();
+  EXPECT_TRUE(d->Create("k/log/1", "x").ok());
+  Status st = d->Probe();
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+TEST_F(S3DestinationTest, a_clock_skew_refusal_says_clock_not_access) {
+  s3_.intercept = [](const S3Request&, FakeS3&) -> std::optional<Result<S3Response>> {
+    return Result<S3Response>(Answer(403, ErrorXml("RequestTimeTooSkewed")));
+  };
+  auto d = Open();
+  Status st = d->Probe();
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("clock"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("denied"), std::string::npos) << st.message();
+}
+
+TEST_F(S3DestinationTest, a_store_that_ignores_range_sends_no_more_than_a_head_read_needs) {
+  s3_.objects["fleet/k/o"] = std::string(3000, 'x');
+  s3_.ignore_range = true;
+  std::size_t pieces = 0;
+  s3_.on_piece = [&] { ++pieces; };
+  auto d = Open();
+  auto head = d->GetHead("k/o", 6);
+  ASSERT_TRUE(head.ok()) << head.status().message();
+  EXPECT_EQ(*head, "xxxxxx");
+  EXPECT_LE(pieces, 2u);  // the fake sends 3 bytes a piece: the transfer ended there
+}
+
+TEST(OpenS3, an_endpoint_or_url_holding_a_user_name_is_refused_without_echoing_it) {
+  auto ep = ResolveS3Endpoint(
+      S3Settings{.endpoint = "https://AKIDX:SECRETdoNOTshowTHIS@minio:9000", .region = "",
+                 .path_style = {}},
+      "bucket", [](const char*) -> std::optional<std::string> { return std::nullopt; });
+  ASSERT_FALSE(ep.ok());
+  EXPECT_EQ(ep.status().message().find("SECRETdoNOTshowTHIS"), std::string::npos);
+  auto url = ParseS3Url("s3://AKIDX:SECRETdoNOTshowTHIS@bucket/p");
+  ASSERT_FALSE(url.ok());
+  EXPECT_EQ(url.status().message().find("SECRETdoNOTshowTHIS"), std::string::npos);
+}
+
+class StepClock final : public MonotonicClock {
+ public:
+  MonoTime Now() const override { return MonoTime{} + std::chrono::milliseconds(ms.load()); }
+  mutable std::atomic<std::int64_t> ms{0};
+};
+
+// Each attempt takes what the transport would: its own bound (stall or
+// total), cut to what the call has left.
+TEST_F(S3DestinationTest, no_call_holds_its_caller_past_the_call_deadline) {
+  StepClock clk;
+  auto o = Options();
+  o.clock = &clk;
+  o.sleep = [&](Millis w) { clk.ms += w.count(); };
+  const std::int64_t deadline_ms = o.retry.call_deadline.count();
+  std::int64_t per_attempt_ms = 30'000;  // a silent store: the stall bound
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    EXPECT_GT(r.time_left.count(), 0);
+    clk.ms += std::min<std::int64_t>(per_attempt_ms, r.time_left.count());
+    return Result<S3Response>(Unavailable("stalled"));
+  };
+  auto d = Open(std::move(o));
+  EXPECT_FALSE(d->Create("k/log/1", "x").ok());
+  EXPECT_LE(clk.ms.load(), deadline_ms);
+  // A trickling store: each attempt runs to the request's total bound.
+  clk.ms = 0;
+  per_attempt_ms = 300'000;
+  EXPECT_FALSE(d->Create("k/log/2", "x").ok());
+  EXPECT_LE(clk.ms.load(), deadline_ms);
+  // A Get whose body keeps breaking off: its resumes share one deadline.
+  clk.ms = 0;
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    clk.ms += std::min<std::int64_t>(100'000, r.time_left.count());
+    return std::nullopt;
+  };
+  s3_.objects["fleet/k/o"] = std::string(100, 'x');
+  s3_.break_get_after = 3;
+  s3_.breaks_left = 1000;
+  EXPECT_FALSE(d->Get("k/o", [](std::string_view) { return Status::Ok(); }).ok());
+  EXPECT_LE(clk.ms.load(), deadline_ms);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -98,7 +99,35 @@ std::string CanonicalQuery(std::vector<std::pair<std::string, std::string>> para
   return out;
 }
 
+namespace {
+// IsTruncated as S3 spells it, and as XML allows (white space around, any
+// case): anything else is refused, since reading an unknown spelling as
+// "false" would end a listing early and hide the log's newest objects.
+Result<bool> XmlBool(std::string_view text, std::string_view call) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\n' || text.front() == '\t' ||
+                           text.front() == '\r')) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\t' ||
+                           text.back() == '\r')) {
+    text.remove_suffix(1);
+  }
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "true") return true;
+  if (lower == "false" || lower.empty()) return false;
+  return DataLoss("a " + std::string(call) + " answer's IsTruncated is '" + Printable(text, 40) +
+                  "', neither true nor false");
+}
+}  // namespace
+
 Result<S3Location> ParseS3Url(std::string_view url) {
+  if (url.find('@') != std::string_view::npos) {
+    // Not echoed: what stands before the '@' may be a secret.
+    return InvalidArgument(
+        "replica: the s3:// URL holds a user name (USER@BUCKET): credentials come from the "
+        "environment or the AWS credentials file, never from the URL");
+  }
   auto bad = [&](std::string_view rule) {
     return InvalidArgument("replica '" + Printable(url) + "': " + std::string(rule));
   };
@@ -214,6 +243,12 @@ Result<S3Endpoint> ResolveS3Endpoint(const S3Settings& settings, std::string_vie
     ep.authority = "s3." + ep.region + ".amazonaws.com";
     ep.custom = false;
   } else {
+    if (endpoint.find('@') != std::string::npos) {
+      // Not echoed: what stands before the '@' may be a secret.
+      return InvalidArgument(endpoint_from +
+                             ": the URL holds a user name (USER@HOST): credentials come from the "
+                             "environment or the AWS credentials file, never from the URL");
+    }
     std::string_view e = endpoint;
     auto bad = [&](std::string_view rule) {
       return InvalidArgument(endpoint_from + " '" + Printable(endpoint, 120) + "': " +
@@ -415,8 +450,8 @@ Result<ListPage> ParseListPage(std::string_view xml) {
     if (!p) return DataLoss("a ListObjectsV2 answer has a CommonPrefixes without a Prefix");
     page.prefixes.emplace_back(p.text().get());
   }
-  std::string_view truncated = root.child("IsTruncated").text().get();
-  page.truncated = truncated == "true";
+  FLEETFS_ASSIGN_OR_RETURN(page.truncated,
+                           XmlBool(root.child("IsTruncated").text().get(), "ListObjectsV2"));
   if (page.truncated) {
     page.next_token = root.child("NextContinuationToken").text().get();
     if (page.next_token.empty()) {
@@ -479,7 +514,8 @@ Result<UploadsPage> ParseUploadsPage(std::string_view xml) {
     if (up.upload_id.empty()) return DataLoss("a ListMultipartUploads answer has an Upload without an UploadId");
     page.uploads.push_back(std::move(up));
   }
-  page.truncated = std::string_view(root.child("IsTruncated").text().get()) == "true";
+  FLEETFS_ASSIGN_OR_RETURN(page.truncated, XmlBool(root.child("IsTruncated").text().get(),
+                                                    "ListMultipartUploads"));
   if (page.truncated) {
     page.next_key_marker = root.child("NextKeyMarker").text().get();
     page.next_upload_id_marker = root.child("NextUploadIdMarker").text().get();

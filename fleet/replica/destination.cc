@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -438,8 +439,14 @@ Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
   FLEETFS_RETURN_IF_ERROR(ValidateDestinationUrl(url));
   if (url.starts_with(s3::kS3Scheme)) {
     s3::S3DestinationOptions s3_options;
-    if (options.retry_wait_cap.count() > 0) {
-      s3_options.retry.cap = std::min(s3_options.retry.cap, options.retry_wait_cap);
+    if (options.retry_wait_cap.count() > 0 && options.retry_wait_cap < s3_options.retry.cap) {
+      // Shorter waits, as many more attempts: a request still rides out a
+      // throttling spell as long as the default policy would (its waits can
+      // add up to about 16 s); the call's deadline bounds it all.
+      const auto cap = std::max<std::int64_t>(1, options.retry_wait_cap.count());
+      s3_options.retry.cap = options.retry_wait_cap;
+      s3_options.retry.max_attempts = static_cast<int>(
+          std::clamp<std::int64_t>(2 * 16'000 / cap, s3_options.retry.max_attempts, 64));
     }
     return s3::OpenS3Destination(url, options.s3, std::move(s3_options));
   }

@@ -244,9 +244,9 @@ class CurlS3Transport final : public S3Transport {
     Millis total = timeouts_.total;
     if (request.time_left.count() > 0) total = std::min(total, request.time_left);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, std::max<long>(1, static_cast<long>(total.count())));
-    // A store that trickles a byte now and then is as stuck as a silent one;
-    // 1 KiB/s over the stall window is far below any working link.
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    // Not more than a byte a second: S3 keeps a long CompleteMultipartUpload
+    // alive by sending a space now and then. The total bound ends a trickle.
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
     // SigV4 signs the path as sent, and S3 keys may hold "." and ".." parts:
     // curl must not resolve them into another key (or the bucket itself).
     curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
@@ -393,17 +393,16 @@ Result<S3Response> S3Client::Call(S3Request request, const BodySink* sink) {
       return Status::Ok();
     };
   }
-  MonoTime deadline = clock_.Now() + policy_.call_deadline;
-  if (request.shared_deadline && *request.shared_deadline < deadline) {
-    deadline = *request.shared_deadline;
-  }
+  const MonoTime deadline = clock_.Now() + policy_.call_deadline;
   for (int attempt = 1;; ++attempt) {
     const MonoTime now = clock_.Now();
     if (now >= deadline) {
       return Unavailable(where_ + ": " + request.method + " ran out of its time (" +
                          std::to_string(policy_.call_deadline.count() / 1000) + " s for a call)");
     }
-    request.time_left = std::chrono::duration_cast<Millis>(deadline - now);
+    // At least 1 ms: 0 would mean no bound at all.
+    request.time_left =
+        std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - now));
     Result<S3Response> r = transport_->Send(request, sink != nullptr ? &counted : nullptr);
     if (!sink_error.ok()) return sink_error;
     if (r.ok()) r->attempts = attempt;

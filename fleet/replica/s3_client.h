@@ -59,9 +59,6 @@ struct S3Request {
   // Set by S3Client::Call for each attempt: what is left of the call's
   // deadline. The transport ends the attempt then, whatever its own bounds.
   Millis time_left{0};
-  // A deadline shared by several calls (a Get's resumes): each call ends by
-  // it as well as by its own. Unset: the call's own only.
-  std::optional<MonoTime> shared_deadline;
 
   std::uint64_t BodySize() const { return body_fd >= 0 ? body_length : body.size(); }
 };
@@ -147,9 +144,6 @@ class S3Client {
   const S3Location& location() const { return location_; }
   const S3Endpoint& endpoint() const { return endpoint_; }
   const std::string& url() const { return url_; }
-
-  // When a call begun now must end (for a deadline shared by calls).
-  MonoTime CallDeadline() const { return clock_.Now() + policy_.call_deadline; }
 
   // A random 64-bit number from the client's generator (probe names).
   std::uint64_t Random();

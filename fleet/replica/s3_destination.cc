@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -86,7 +87,8 @@ class S3Destination final : public Destination {
   // snapshot survives a reset. A resumed answer must continue the same
   // object at that byte (a 206 whose Content-Range starts there, the same
   // ETag): a store that ignores Range or If-Match would otherwise splice
-  // two objects, or the start of one twice. All resumes share one deadline.
+  // two objects, or the start of one twice. Each resume is a call of its
+  // own (a large snapshot on a slow link needs more than one call's time).
   Status Get(std::string_view path, const Sink& sink) override {
     std::uint64_t delivered = 0;
     std::string etag;
@@ -94,7 +96,6 @@ class S3Destination final : public Destination {
     S3Response head;
     bool checked = false;  // this attempt's head was checked
     Status sink_error;
-    const MonoTime deadline = client_->CallDeadline();
     for (int resumes = 0;; ++resumes) {
       const bool resuming = delivered > 0;
       if (resuming && total && delivered == *total) return Status::Ok();  // broke after the end
@@ -103,7 +104,9 @@ class S3Destination final : public Destination {
         if (!checked) {
           checked = true;
           const std::string from = "bytes " + std::to_string(delivered) + "-";
-          if (head.status != 206 || !head.content_range.starts_with(from) ||
+          std::string range = head.content_range;
+          for (char& c : range) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          if (head.status != 206 || !range.starts_with(from) ||
               (!head.etag.empty() && head.etag != etag)) {
             sink_error = Unavailable(
                 Where("GET", path) + ": resuming at byte " + std::to_string(delivered) +
@@ -123,7 +126,6 @@ class S3Destination final : public Destination {
         return Status::Ok();
       };
       S3Request r = ObjectRequest("GET", path);
-      r.shared_deadline = deadline;
       if (resuming) {
         r.headers.emplace_back("Range", "bytes=" + std::to_string(delivered) + "-");
         r.headers.emplace_back("If-Match", etag);
@@ -168,11 +170,15 @@ class S3Destination final : public Destination {
     std::string out;
     // A store that ignores Range sends the whole object: keep the first n
     // and end the transfer there, not at the end of a snapshot.
+    // (Only then: ending a transfer closes its connection, and a store that
+    // honours Range sends no more than n.)
     bool enough = false;
+    long status = 0;
+    r.on_head = [&](const S3Response& h) { status = h.status; };
     BodySink keep = [&](std::string_view piece) {
       std::size_t take = std::min(piece.size(), n - out.size());
       out.append(piece.substr(0, take));
-      if (out.size() < n) return Status::Ok();
+      if (out.size() < n || status != 200) return Status::Ok();
       enough = true;
       return Status(Code::kInternal, "enough");  // ends the transfer
     };
@@ -315,7 +321,16 @@ class S3Destination final : public Destination {
     }
     const std::string what = "the probe's conditional multipart create of " + Key(path);
     Status first = Multipart(path, fd.get(), kBody.size(), /*conditional=*/true);
-    if (!first.ok() && first.code() != Code::kAlreadyExists) return first.WithContext(what);
+    if (first.code() == Code::kAlreadyExists) {
+      // The name is new: a 412 is only right when an earlier attempt of this
+      // very completion landed. A store that refuses every conditional
+      // completion would refuse every large snapshot.
+      if (Size(path).ok()) first = Status::Ok();
+    }
+    if (!first.ok()) {
+      (void)Delete(Key(path));  // it may have landed
+      return first.WithContext(what);
+    }
     Status second = Multipart(path, fd.get(), kBody.size(), /*conditional=*/true);
     Status removed = Delete(Key(path));
     if (second.ok()) {

@@ -343,7 +343,7 @@ Result<S3Credentials> LoadS3Credentials(const Getenv& env) {
                         "; an s3:// replica needs both");
     }
     return S3Credentials{std::move(id), std::move(secret), get("AWS_SESSION_TOKEN"),
-                         "the environment (AWS_ACCESS_KEY_ID)"};
+                         "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"};
   }
   std::string file = get("AWS_SHARED_CREDENTIALS_FILE");
   if (file.empty()) {

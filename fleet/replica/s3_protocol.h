@@ -88,7 +88,7 @@ struct S3Credentials {
   std::string access_key;
   std::string secret_key;
   std::string session_token;  // "" = none
-  // Where they came from, for messages: "the environment (AWS_ACCESS_KEY_ID)"
+  // Where they came from, for messages: "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
   // or "/root/.aws/credentials, profile default".
   std::string source;
 };

@@ -119,6 +119,11 @@ Status CountingDestination::Remove(std::string_view path) {
   counter_.Count(Request::kRemove);
   return counter_.Outcome(inner_->Remove(path));
 }
+
+Status CountingDestination::RemoveObject(std::string_view path) {
+  counter_.Count(Request::kRemove);
+  return counter_.Outcome(inner_->RemoveObject(path));
+}
 Status CountingDestination::Probe() {
   counter_.Count(Request::kProbe);
   return counter_.Outcome(inner_->Probe());

@@ -87,6 +87,7 @@ class CountingDestination final : public Destination {
   Result<std::string> GetHead(std::string_view path, std::size_t n) override;
   Result<std::uint64_t> Size(std::string_view path) override;
   Status Remove(std::string_view path) override;
+  Status RemoveObject(std::string_view path) override;
   Status Probe() override;
   Result<int> CleanTemps(std::chrono::seconds max_age) override;
 

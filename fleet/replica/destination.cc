@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -16,6 +17,8 @@
 #include <utility>
 
 #include "fleet/fd_io.h"
+#include "fleet/replica/s3_destination.h"
+#include "fleet/replica/s3_protocol.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::replica {
@@ -417,9 +420,10 @@ Status ValidateObjectPath(std::string_view path) {
 }
 
 Status ValidateDestinationUrl(std::string_view url) {
+  if (url.starts_with(s3::kS3Scheme)) return s3::ParseS3Url(url).status();
   if (!url.starts_with(kFileScheme)) {
     return InvalidArgument("replica '" + std::string(url) +
-                           "': only file:///ABSOLUTE/DIR is supported (S3 is not built yet)");
+                           "': a replica is file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX]");
   }
   std::string_view path = url.substr(kFileScheme.size());
   if (path.empty() || path.front() != '/') {
@@ -433,6 +437,19 @@ Status ValidateDestinationUrl(std::string_view url) {
 Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
                                                      const DestinationOptions& options) {
   FLEETFS_RETURN_IF_ERROR(ValidateDestinationUrl(url));
+  if (url.starts_with(s3::kS3Scheme)) {
+    s3::S3DestinationOptions s3_options;
+    if (options.retry_wait_cap.count() > 0 && options.retry_wait_cap < s3_options.retry.cap) {
+      // Shorter waits, as many more attempts: a request still rides out a
+      // throttling spell as long as the default policy would (its waits can
+      // add up to about 16 s); the call's deadline bounds it all.
+      const auto cap = std::max<std::int64_t>(1, options.retry_wait_cap.count());
+      s3_options.retry.cap = options.retry_wait_cap;
+      s3_options.retry.max_attempts = static_cast<int>(
+          std::clamp<std::int64_t>(2 * 16'000 / cap, s3_options.retry.max_attempts, 64));
+    }
+    return s3::OpenS3Destination(url, options.s3, std::move(s3_options));
+  }
   std::string path(url.substr(kFileScheme.size()));
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (Status st = MakeDirs(path); !st.ok()) return st.WithContext("replica " + std::string(url));

@@ -76,6 +76,9 @@ class Destination {
   virtual Result<std::uint64_t> Size(std::string_view path) = 0;
   // Removes an object, or a directory and everything under it.
   virtual Status Remove(std::string_view path) = 0;
+  // Removes one object (never a directory): where a store must list to find
+  // what is under a name (S3), this saves the listing. The default removes.
+  virtual Status RemoveObject(std::string_view path) { return Remove(path); }
   // A write probe: OK when a put can land now.
   virtual Status Probe() = 0;
 
@@ -104,9 +107,17 @@ struct DestinationOptions {
   // offers O_TMPFILE (files without a name); for tests of that path.
   bool named_temps_only = false;
   S3Settings s3;  // s3:// only
+  // s3://: the longest wait between two attempts of one request (0: the
+  // client's own cap, 5 s). The agent passes its sync interval: a request
+  // retried through an outage tries again within an interval of the store's
+  // return, so what waited ships within two intervals (issue 12), not after
+  // a backoff several intervals long.
+  std::chrono::milliseconds retry_wait_cap{0};
 };
 
-// Opens `url`: only file:///ABSOLUTE/DIR for now (made, 0700, when absent).
+// Opens `url`: file:///ABSOLUTE/DIR (made, 0700, when absent) or
+// s3://BUCKET[/PREFIX] (fleet/replica/s3_destination.h: its endpoint and
+// region from options.s3, credentials found as AWS tools find them).
 Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
                                                      const DestinationOptions& options = {});
 // Checks `url`'s shape without touching anything (for configuration).

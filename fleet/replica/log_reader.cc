@@ -370,7 +370,7 @@ Result<int> PruneLog(Destination& dest, std::string_view dir, WallMs cutoff_ms,
   }
   int removed = 0;
   for (std::uint64_t seq : PlanRetention(headers, cutoff_ms)) {
-    Status st = dest.Remove(LogObjectPath(dir, seq));
+    Status st = dest.RemoveObject(LogObjectPath(dir, seq));
     if (!st.ok()) return st.WithContext("pruning " + ObjectName(dest, dir, seq));
     ++removed;
   }

@@ -561,7 +561,9 @@ int Agent::Run(std::ostream& err) {
   // with unshipped tenants) crashed on the null refresher_ (SIGSEGV).
   std::optional<replica::ReplicatorOptions> replicator_options;
   if (!config_.replica.empty()) {
-    auto dest = replica::OpenDestination(config_.replica);
+    replica::DestinationOptions dest_options;
+    dest_options.s3 = config_.replica_s3;
+    auto dest = replica::OpenDestination(config_.replica, dest_options);
     if (!dest.ok()) return fail(dest.status().WithContext("replica"));
     destination_ = std::make_shared<replica::CountingDestination>(std::move(*dest));
     replica::ReplicatorOptions ro;

@@ -370,6 +370,45 @@ int RunWhere(const std::vector<std::string>& keys, const LeaseArgs& args, std::o
   return all_served ? kExitOk : kExitUnserved;
 }
 
+// The S3 flags of `mount`, `replica` and `restore` (the same keys in the
+// configuration file).
+constexpr const char* kReplicaEndpointHelp =
+    "s3://: the store's URL, http(s)://HOST[:PORT] (default: AWS's endpoint for the region)";
+constexpr const char* kReplicaRegionHelp =
+    "s3://: the region requests are signed for (default: AWS_REGION, AWS_DEFAULT_REGION, "
+    "else us-east-1)";
+constexpr const char* kReplicaPathStyleHelp =
+    "s3://: 'true' puts the bucket in the path (ENDPOINT/BUCKET/KEY), 'false' in the host name "
+    "(default: true with --replica-endpoint, false on AWS)";
+
+// What every command that takes --replica says of s3:// replicas.
+constexpr const char* kS3Footer = R"(
+S3 REPLICAS (--replica s3://BUCKET/PREFIX)
+Without --replica-endpoint the replica is on AWS, at the region's endpoint;
+with it, on any S3-compatible store (MinIO, Ceph, ...) at that URL, which
+holds no path: the bucket and prefix are in --replica. --replica-region is
+the region requests are signed for (default: AWS_REGION, AWS_DEFAULT_REGION,
+else us-east-1). --replica-path-style true puts the bucket in the path, as
+most stores other than AWS want (the default with --replica-endpoint); false
+puts it in the host name (the default on AWS). These flags (the keys
+replica_endpoint, replica_region, replica_path_style) are refused with any
+other replica.
+
+Credentials are found the way AWS tools find them: AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from the environment, else the
+profile AWS_PROFILE (default "default") of the file
+AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/credentials). They are read,
+never logged.
+)";
+
+// `footer` with the S3 section just before its EXAMPLES.
+std::string WithS3Footer(const char* footer) {
+  std::string text = footer;
+  const std::size_t examples = text.find("\nEXAMPLES\n");
+  text.insert(examples == std::string::npos ? text.size() : examples, kS3Footer);
+  return text;
+}
+
 constexpr const char* kMainFooter = R"(
 fleetfs keeps a fleet of SQLite databases, one file per tenant or per routing
 slot, on the hosts that own their slots. A host owns slot ranges by claiming
@@ -616,6 +655,10 @@ value, the directories and the store file have passed)
   no_create = false
   shutdown_grace = "5s"
   replica = "file:///var/lib/fleetfs/replica"   # or "off" (the default)
+  # replica = "s3://BUCKET/PREFIX"                # see S3 REPLICAS
+  # replica_endpoint = "http://127.0.0.1:9000"    # s3:// only; default: AWS's endpoint
+  # replica_region = "eu-west-1"                  # s3:// only
+  # replica_path_style = true                     # s3:// only; a boolean
   sync_interval = "1s"            # how often commits ship; 10ms to 600s
   snapshot_interval = "1h"        # a new snapshot in each tenant's log this often
   retention = "72h"               # any commit this recent can be restored
@@ -680,7 +723,9 @@ EXAMPLES
 
 constexpr const char* kReplicaFooter = R"(
 TENANT is a tenant id (tenant mode) or any routing key (with --mode slot).
---replica is the destination an agent ships to (file:///ABSOLUTE/DIR). These
+--replica is the destination an agent ships to (file:///ABSOLUTE/DIR or
+s3://BUCKET/PREFIX, with the same --replica-endpoint, --replica-region and
+--replica-path-style as the agent's; see S3 REPLICAS). These
 commands only read it; they need no agent and no ownership store.
 
 A tenant's replica is one log, REPLICA/BBB/<file>/, of objects numbered from 0
@@ -709,6 +754,7 @@ EXAMPLES
   fleetfs replica ls acme --replica file:///var/lib/fleetfs/replica
   fleetfs replica ls acme --replica file:///var/lib/fleetfs/replica --json
   fleetfs replica verify acme --replica file:///var/lib/fleetfs/replica
+  fleetfs replica ls acme --replica s3://fleet-replica/prod --replica-region eu-west-1
 )";
 
 constexpr const char* kRestoreFooter = R"(
@@ -732,6 +778,8 @@ EXAMPLES
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica \
       --at 2026-11-29T16:30:00 -o /tmp/acme-1630.db
+  fleetfs restore acme --replica s3://fleet-replica/prod \
+      --replica-endpoint http://127.0.0.1:9000 -o /tmp/acme.db
 )";
 
 constexpr const char* kStatusFooter = R"(
@@ -820,7 +868,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string store_ca, store_cert, store_key;
   bool no_create = false;
   auto* mount = app.add_subcommand("mount", "Run the agent: mount the fleet root and serve it");
-  mount->footer(kMountFooter);
+  mount->footer(WithS3Footer(kMountFooter));
   auto* o_config = mount->add_option("--config", config_file, "TOML configuration file");
   auto* o_backing = mount->add_option("--backing", backing, "Backing directory (absolute)")
                         ->default_str(kDefaultBacking);
@@ -851,7 +899,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string replica_url, sync_interval, snapshot_interval, retention, capture_memory,
       capture_spill;
   auto* o_replica = mount->add_option("--replica", replica_url,
-                                      "Replica destination (file:///ABSOLUTE/DIR), or 'off'")
+                                      "Replica destination (file:///ABSOLUTE/DIR or "
+                                      "s3://BUCKET/PREFIX), or 'off'")
                         ->default_str("off");
   auto* o_sync = mount->add_option("--sync-interval", sync_interval, "How often commits ship")
                      ->default_str("1s");
@@ -869,16 +918,27 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       mount->add_option("--capture-spill", capture_spill,
                         "Beyond it, commits spilled to the backing volume ('0B': none)")
           ->default_str("4GiB");
+  std::string replica_endpoint, replica_region, replica_path_style;
+  auto* o_replica_endpoint = mount->add_option("--replica-endpoint", replica_endpoint,
+                                               kReplicaEndpointHelp);
+  auto* o_replica_region = mount->add_option("--replica-region", replica_region,
+                                             kReplicaRegionHelp);
+  auto* o_replica_path_style = mount->add_option("--replica-path-style", replica_path_style,
+                                                 kReplicaPathStyleHelp);
 
   ReplicaArgs rargs;
   auto* replica_cmd = app.add_subcommand("replica", "Inspect a tenant's replica");
   replica_cmd->require_subcommand(1);
-  replica_cmd->footer(kReplicaFooter);
+  replica_cmd->footer(WithS3Footer(kReplicaFooter));
   auto add_replica_args = [&](CLI::App* cmd) {
     cmd->add_option("TENANT", rargs.tenant, "Tenant id (or routing key with --mode slot)")
         ->required();
-    cmd->add_option("--replica", rargs.replica, "Replica destination (file:///ABSOLUTE/DIR)")
+    cmd->add_option("--replica", rargs.replica,
+                    "Replica destination (file:///ABSOLUTE/DIR or s3://BUCKET/PREFIX)")
         ->required();
+    cmd->add_option("--replica-endpoint", rargs.endpoint, kReplicaEndpointHelp);
+    cmd->add_option("--replica-region", rargs.region, kReplicaRegionHelp);
+    cmd->add_option("--replica-path-style", rargs.path_style, kReplicaPathStyleHelp);
     cmd->add_option("--mode", rargs.mode, "Layout: 'tenant' or 'slot'")->default_str("tenant");
   };
   auto* replica_ls = replica_cmd->add_subcommand("ls", "List the objects of a tenant's replica log");
@@ -889,7 +949,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   add_replica_args(replica_verify);
   auto* restore_cmd =
       app.add_subcommand("restore", "Rebuild a tenant's database from its replica into a file");
-  restore_cmd->footer(kRestoreFooter);
+  restore_cmd->footer(WithS3Footer(kRestoreFooter));
   add_replica_args(restore_cmd);
   restore_cmd->add_option("--at", rargs.at, "Point in time (default: the newest commit)");
   restore_cmd->add_option("-o,--output", rargs.output, "The file to write (must not exist)")
@@ -960,6 +1020,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     set(o_retention, retention, mount_input.retention);
     set(o_capture_memory, capture_memory, mount_input.capture_memory);
     set(o_capture_spill, capture_spill, mount_input.capture_spill);
+    set(o_replica_endpoint, replica_endpoint, mount_input.replica_endpoint);
+    set(o_replica_region, replica_region, mount_input.replica_region);
+    set(o_replica_path_style, replica_path_style, mount_input.replica_path_style);
     auto config = ResolveConfig(mount_input);
     if (!config.ok()) return Fail(err, config.status());
     return RunAgent(*config, err);

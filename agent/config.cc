@@ -27,7 +27,8 @@ constexpr const char* kKeys[] = {"backing", "mount",   "mode",  "owner",
                                  "ranges",  "store",   "store_ca", "store_cert", "store_key", "ttl", "admin",
                                  "no_create", "shutdown_grace", "replica", "sync_interval",
                                  "snapshot_interval", "retention", "capture_memory",
-                                 "capture_spill"};
+                                 "capture_spill", "replica_endpoint", "replica_region",
+                                 "replica_path_style"};
 
 Status KeyError(std::string_view key, std::string_view what) {
   return InvalidArgument(std::string(key) + ": " + std::string(what));
@@ -46,6 +47,11 @@ bool IsSizeKey(std::string_view key) { return key == "capture_memory" || key == 
 Result<std::optional<std::string>> TextKey(const toml::table& table, std::string_view key) {
   const toml::node* node = table.get(key);
   if (node == nullptr) return std::optional<std::string>();
+  if (key == "replica_path_style") {
+    // A boolean, as TOML writes one; "true" in quotes is a string and refused.
+    if (!node->is_boolean()) return KeyError(key, "must be true or false (unquoted)");
+    return std::optional<std::string>(*node->value<bool>() ? "true" : "false");
+  }
   if (node->is_string()) return std::optional(*node->value<std::string>());
   if (IsDurationKey(key) && (node->is_integer() || node->is_floating_point())) {
     return KeyError(key, "a duration is a string with its unit, as in \"30s\" or \"200ms\" "
@@ -158,6 +164,13 @@ Status ApplyValue(std::string_view key, const std::string& value, AgentConfig& c
       FLEETFS_RETURN_IF_ERROR(replica::ValidateDestinationUrl(value));
       config.replica = value;
     }
+  } else if (key == "replica_endpoint") {
+    FLEETFS_ASSIGN_OR_RETURN(config.replica_s3.endpoint, ParseReplicaEndpoint(value));
+  } else if (key == "replica_region") {
+    FLEETFS_RETURN_IF_ERROR(CheckReplicaRegion(value));
+    config.replica_s3.region = value;
+  } else if (key == "replica_path_style") {
+    FLEETFS_ASSIGN_OR_RETURN(config.replica_s3.path_style, ParseReplicaPathStyle(value));
   } else if (key == "sync_interval") {
     FLEETFS_ASSIGN_OR_RETURN(config.sync_interval,
                              BoundedDuration(key, value, Millis(10), Millis(600'000)));
@@ -260,6 +273,107 @@ Result<std::uint64_t> ParseByteSize(std::string_view key, std::string_view text)
   return KeyError(key, rule);
 }
 
+Result<std::string> ParseReplicaEndpoint(std::string_view text) {
+  constexpr std::string_view kKey = "replica_endpoint";
+  if (text.empty()) return std::string();
+  FLEETFS_RETURN_IF_ERROR(CheckUtf8(kKey, text));
+  auto refuse = [&](const std::string& problem) {
+    return KeyError(kKey, "'" + lease::Printable(text) + "' " + problem +
+                              "; write http(s)://HOST[:PORT], as in https://s3.eu-west-1."
+                              "amazonaws.com or http://127.0.0.1:9000");
+  };
+  std::string_view rest;
+  if (text.starts_with("https://")) {
+    rest = text.substr(8);
+  } else if (text.starts_with("http://")) {
+    rest = text.substr(7);
+  } else {
+    return refuse("is not an http:// or https:// URL");
+  }
+  const std::size_t end = rest.find_first_of("/?#");
+  const std::string_view authority = rest.substr(0, end);
+  const std::string_view after = end == std::string_view::npos ? "" : rest.substr(end);
+  if (authority.find('@') != std::string_view::npos) {
+    // Not quoted: what precedes the '@' may be a secret.
+    return KeyError(kKey, "the URL holds a user name (USER@HOST): credentials come from the "
+                          "environment or the AWS credentials file, never from the URL; write "
+                          "http(s)://HOST[:PORT]");
+  }
+  if (after.find_first_of("?#") != std::string_view::npos) {
+    return refuse("has a query or fragment");
+  }
+  if (!after.empty() && after != "/") {
+    return refuse("has a path: the bucket and prefix go in the replica URL, "
+                  "s3://BUCKET/PREFIX");
+  }
+  std::string_view host = authority;
+  std::string_view port;
+  bool port_given = false;
+  if (host.starts_with('[')) {
+    const std::size_t close = host.find(']');
+    if (close == std::string_view::npos) return refuse("has an unclosed '[' in its host");
+    const std::string_view tail = host.substr(close + 1);
+    if (!tail.empty() && !tail.starts_with(':')) return refuse("has text after its ']'");
+    port_given = !tail.empty();
+    if (port_given) port = tail.substr(1);
+    const std::string_view v6 = host.substr(1, close - 1);
+    if (v6.empty() || v6.find_first_not_of("0123456789abcdefABCDEF:.") != std::string_view::npos) {
+      return refuse("has a bracketed host that is not an IPv6 address");
+    }
+  } else {
+    const std::size_t colon = host.find(':');
+    if (colon != std::string_view::npos) {
+      port_given = true;
+      port = host.substr(colon + 1);
+      host = host.substr(0, colon);
+    }
+    if (host.empty()) return refuse("names no host");
+    if (host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                               ".-_") != std::string_view::npos) {
+      return refuse("has a host with a character other than letters, digits, '.', '-' and '_'");
+    }
+  }
+  if (port_given) {
+    int n = 0;
+    auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), n);
+    if (port.empty() || ec != std::errc() || p != port.data() + port.size() || n < 1 ||
+        n > 65535) {
+      return refuse("has a port other than 1-65535");
+    }
+  }
+  return std::string(text.substr(0, text.size() - (after == "/" ? 1 : 0)));
+}
+
+Status CheckReplicaRegion(std::string_view text) {
+  if (text.empty()) return Status::Ok();
+  if (text.size() > 32 ||
+      text.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string_view::npos) {
+    return KeyError("replica_region", "'" + lease::Printable(text) +
+                                          "' is not a region name: 1 to 32 lowercase letters, "
+                                          "digits and hyphens, as in eu-west-1");
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<bool>> ParseReplicaPathStyle(std::string_view text) {
+  if (text.empty()) return std::optional<bool>();
+  if (text == "true") return std::optional<bool>(true);
+  if (text == "false") return std::optional<bool>(false);
+  return KeyError("replica_path_style", "'" + lease::Printable(text) + "' must be true or false");
+}
+
+Status CheckS3SettingsApply(std::string_view replica, const replica::S3Settings& s3) {
+  if (replica.starts_with("s3://")) return Status::Ok();
+  const char* key = !s3.endpoint.empty()   ? "replica_endpoint"
+                    : !s3.region.empty()   ? "replica_region"
+                    : s3.path_style.has_value() ? "replica_path_style"
+                                           : nullptr;
+  if (key == nullptr) return Status::Ok();
+  const std::string now = replica.empty() ? std::string("replication is off")
+                                          : "the replica is " + std::string(replica);
+  return KeyError(key, "applies only to an s3:// replica, and " + now);
+}
+
 Result<Endpoint> ParseAdminEndpoint(std::string_view text) {
   const std::string rule = "'" + std::string(text) +
                            "' must be HOST:PORT on loopback (127.0.0.1:7878), or 'off': the "
@@ -303,6 +417,9 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       {"retention", &input.retention},
       {"capture_memory", &input.capture_memory},
       {"capture_spill", &input.capture_spill},
+      {"replica_endpoint", &input.replica_endpoint},
+      {"replica_region", &input.replica_region},
+      {"replica_path_style", &input.replica_path_style},
   };
   std::map<std::string_view, std::string> values;
   bool file_no_create = false;
@@ -328,7 +445,8 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
                                "'; the keys are backing, mount, mode, owner, ranges, store, store_ca, "
                                "store_cert, store_key, ttl, "
                                "admin, no_create, shutdown_grace, replica, sync_interval, "
-                               "snapshot_interval, retention, capture_memory, capture_spill");
+                               "snapshot_interval, retention, capture_memory, capture_spill, "
+                               "replica_endpoint, replica_region, replica_path_style");
       }
     }
     AgentConfig scratch;  // where the file's own values are checked
@@ -366,6 +484,7 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
   for (const auto& [key, flag] : flags) {
     FLEETFS_RETURN_IF_ERROR(ApplyValue(key, values[key], config));
   }
+  FLEETFS_RETURN_IF_ERROR(CheckS3SettingsApply(config.replica, config.replica_s3));
 
   // What the file system says, for the values that win; still nothing is
   // created or changed.

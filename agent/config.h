@@ -11,6 +11,7 @@
 
 #include "fleet/clock.h"
 #include "fleet/layout.h"
+#include "fleet/replica/destination.h"
 #include "fleet/status.h"
 #include "lease/owner_id.h"
 #include "lease/slot_range.h"
@@ -37,7 +38,10 @@ struct AgentConfig {
   bool allow_create = true;
   Millis shutdown_grace{5000};  // how long open handles may finish at SIGTERM
   int fuse_threads = 10;
-  std::string replica;  // "" (off) or a destination URL (file:///DIR)
+  std::string replica;  // "" (off) or a destination URL (file:///DIR, s3://BUCKET/PREFIX)
+  // Where an s3:// replica's requests go (replica_endpoint, replica_region,
+  // replica_path_style); all unset for any other replica.
+  replica::S3Settings replica_s3;
   Millis sync_interval{1000};
   Millis snapshot_interval{3600 * 1000};
   Millis retention{72 * 3600 * 1000};
@@ -54,7 +58,9 @@ struct ConfigInput {
   std::optional<std::string> backing, mountpoint, mode, owner, ranges, store, store_ca,
       store_cert, store_key, ttl, admin,
       shutdown_grace, replica, sync_interval, snapshot_interval, retention, capture_memory,
-      capture_spill;
+      capture_spill, replica_endpoint, replica_region;
+  // "true" or "false" as a flag gives it; the file's is a TOML boolean.
+  std::optional<std::string> replica_path_style;
   std::optional<bool> no_create;
 };
 
@@ -72,6 +78,25 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input);
 // "256MiB": a whole number and its unit (B, KiB, MiB, GiB or TiB). A bare
 // number is refused: a size without its unit is a guess.
 Result<std::uint64_t> ParseByteSize(std::string_view key, std::string_view text);
+
+// replica_endpoint: http:// or https://, a host (a name, an IPv4 address or
+// a bracketed IPv6 one), an optional port, and nothing after but one '/': the
+// bucket and prefix belong to the replica URL, credentials never sit in a URL.
+// Returns it without the trailing '/'. "" is unset (AWS's endpoint).
+Result<std::string> ParseReplicaEndpoint(std::string_view text);
+
+// replica_region: 1 to 32 lowercase letters, digits and hyphens (eu-west-1).
+// "" is unset. Whether the store knows the region is its to say, at the
+// first request: configuration never touches the network.
+Status CheckReplicaRegion(std::string_view text);
+
+// replica_path_style: "true" or "false"; "" is unset (the default).
+Result<std::optional<bool>> ParseReplicaPathStyle(std::string_view text);
+
+// The S3 settings mean nothing to any other replica: set for a file://
+// replica or with replication off, they are refused, naming the first key
+// set, so that a typo in `replica` does not pass as a working S3 set-up.
+Status CheckS3SettingsApply(std::string_view replica, const replica::S3Settings& s3);
 
 // "127.0.0.1:7878", loopback only; "off" is handled by the caller.
 Result<Endpoint> ParseAdminEndpoint(std::string_view text);

@@ -4,7 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "fleet/replica/destination.h"
+#include "lease/owner_id.h"
 #include "lease/test_support.h"
 
 namespace fleetfs::agent {
@@ -278,6 +284,230 @@ TEST_F(ConfigTest, replication_is_off_unless_a_replica_is_given_and_its_values_a
   in.replica = "file:///srv/replica";
   in.sync_interval = "5ms";
   EXPECT_NE(Error(in).find("sync_interval: must be between 10ms and 600s"), std::string::npos);
+}
+
+// ── The S3 keys: replica_endpoint, replica_region, replica_path_style ──────
+
+TEST(ReplicaEndpoint, an_http_url_of_a_host_and_an_optional_port_is_taken_without_its_slash) {
+  for (const auto& [given, kept] : std::vector<std::pair<std::string, std::string>>{
+           {"https://s3.eu-west-1.amazonaws.com", "https://s3.eu-west-1.amazonaws.com"},
+           {"http://127.0.0.1:9000", "http://127.0.0.1:9000"},
+           {"http://127.0.0.1:9000/", "http://127.0.0.1:9000"},
+           {"http://minio_1:9000", "http://minio_1:9000"},
+           {"https://[::1]:9000", "https://[::1]:9000"},
+           {"http://[fd00::1]", "http://[fd00::1]"},
+           {"", ""},  // unset: AWS's endpoint
+       }) {
+    auto endpoint = ParseReplicaEndpoint(given);
+    ASSERT_TRUE(endpoint.ok()) << given << ": " << endpoint.status().message();
+    EXPECT_EQ(*endpoint, kept);
+  }
+}
+
+TEST(ReplicaEndpoint, each_bad_url_is_refused_naming_the_key_and_what_is_wrong) {
+  for (const auto& [given, says] : std::vector<std::pair<std::string, std::string>>{
+           {"ftp://h", "'ftp://h' is not an http:// or https:// URL"},
+           {"s3.amazonaws.com", "'s3.amazonaws.com' is not an http:// or https:// URL"},
+           {"HTTPS://h", "is not an http:// or https:// URL"},
+           {"https://", "'https://' names no host"},
+           {"http://:9000", "names no host"},
+           {"http://h:0", "'http://h:0' has a port other than 1-65535"},
+           {"http://h:65536", "has a port other than 1-65535"},
+           {"http://h:", "has a port other than 1-65535"},
+           {"http://h:90a", "has a port other than 1-65535"},
+           {"http://h/bucket", "has a path: the bucket and prefix go in the replica URL"},
+           {"http://h//", "has a path"},
+           {"http://h/?a=1", "has a query or fragment"},
+           {"http://h?a=1", "has a query or fragment"},
+           {"http://h#top", "has a query or fragment"},
+           {"http://a host", "has a host with a character other than letters"},
+           {"http://[::1", "has an unclosed '['"},
+           {"http://[::1]9000", "has text after its ']'"},
+           {"http://[zz]:9000", "has a bracketed host that is not an IPv6 address"},
+           {"http://h\xff", "is not valid UTF-8"},
+       }) {
+    auto endpoint = ParseReplicaEndpoint(given);
+    ASSERT_FALSE(endpoint.ok()) << given;
+    EXPECT_EQ(endpoint.status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(endpoint.status().message().rfind("replica_endpoint: ", 0), 0u)
+        << endpoint.status().message();
+    EXPECT_NE(endpoint.status().message().find(says), std::string::npos)
+        << given << ": " << endpoint.status().message();
+  }
+}
+
+TEST(ReplicaEndpoint, a_url_with_a_user_name_is_refused_without_repeating_it) {
+  auto endpoint = ParseReplicaEndpoint("https://AKIAEXAMPLE:s3cr3t@minio:9000");
+  ASSERT_FALSE(endpoint.ok());
+  const std::string& message = endpoint.status().message();
+  EXPECT_NE(message.find("replica_endpoint: the URL holds a user name"), std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("s3cr3t"), std::string::npos) << message;
+  EXPECT_EQ(message.find("AKIAEXAMPLE"), std::string::npos) << message;
+}
+
+TEST(ReplicaRegion, lowercase_letters_digits_and_hyphens_up_to_32_are_a_region) {
+  for (const char* good : {"eu-west-1", "us-east-1", "auto", "a", "", "abcdefghij-abcdefghij-abcdefghij"}) {
+    EXPECT_TRUE(CheckReplicaRegion(good).ok()) << good;
+  }
+  for (const std::string bad : {"EU-WEST-1", "eu_west_1", "eu west 1", "eu-west-1\n",
+                                "abcdefghij-abcdefghij-abcdefghij-"}) {
+    Status st = CheckReplicaRegion(bad);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_EQ(st.code(), Code::kInvalidArgument);
+    EXPECT_NE(st.message().find("replica_region: '" + lease::Printable(bad) +
+                                "' is not a region name: 1 to 32 lowercase letters, digits and "
+                                "hyphens"),
+              std::string::npos)
+        << st.message();
+  }
+}
+
+TEST(ReplicaPathStyle, is_true_false_or_unset) {
+  EXPECT_EQ(ParseReplicaPathStyle("true").value(), std::optional<bool>(true));
+  EXPECT_EQ(ParseReplicaPathStyle("false").value(), std::optional<bool>(false));
+  EXPECT_EQ(ParseReplicaPathStyle("").value(), std::nullopt);
+  for (const char* bad : {"yes", "True", "1", "on"}) {
+    auto style = ParseReplicaPathStyle(bad);
+    ASSERT_FALSE(style.ok()) << bad;
+    EXPECT_EQ(style.status().message(),
+              "replica_path_style: '" + std::string(bad) + "' must be true or false");
+  }
+}
+
+TEST_F(ConfigTest, s3_keys_are_unset_by_default) {
+  auto config = ResolveConfig(Input());
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->replica_s3.endpoint, "");
+  EXPECT_EQ(config->replica_s3.region, "");
+  EXPECT_FALSE(config->replica_s3.path_style.has_value());
+}
+
+TEST_F(ConfigTest, s3_keys_with_a_file_replica_or_replication_off_are_refused_naming_the_key) {
+  const std::pair<std::string, std::string> keys[] = {
+      {"replica_endpoint", "\"http://127.0.0.1:9000\""},
+      {"replica_region", "\"eu-west-1\""},
+      {"replica_path_style", "true"},
+  };
+  for (const auto& [key, toml] : keys) {
+    for (const std::string replica : {"file:///srv/replica", "off"}) {
+      const std::string says =
+          key + ": applies only to an s3:// replica, and " +
+          (replica == "off" ? std::string("replication is off") : "the replica is " + replica);
+      ConfigInput by_file = Input();
+      by_file.config_file = WriteFile("replica = \"" + replica + "\"\n" + key + " = " + toml + "\n");
+      EXPECT_EQ(Error(by_file), says);
+      ConfigInput by_flag = Input();
+      by_flag.replica = replica;
+      std::string text = toml;
+      if (text.front() == '"') text = text.substr(1, text.size() - 2);
+      (key == "replica_endpoint" ? by_flag.replica_endpoint
+       : key == "replica_region" ? by_flag.replica_region
+                                 : by_flag.replica_path_style) = text;
+      EXPECT_EQ(Error(by_flag), says);
+    }
+  }
+  // Unset replica: off, the default.
+  ConfigInput in = Input();
+  in.replica_region = "eu-west-1";
+  EXPECT_EQ(Error(in), "replica_region: applies only to an s3:// replica, and replication is off");
+  // A flag's file:// replica over the file's s3:// one: the keys go with it.
+  in = Input();
+  in.config_file = WriteFile("replica_path_style = false\n");
+  in.replica = "file:///srv/replica";
+  EXPECT_EQ(Error(in), "replica_path_style: applies only to an s3:// replica, and the replica is "
+                       "file:///srv/replica");
+  // "" is unset, whatever the replica.
+  in = Input();
+  in.config_file = WriteFile("replica = \"file:///srv/replica\"\nreplica_endpoint = \"\"\n"
+                             "replica_region = \"\"\n");
+  EXPECT_TRUE(ResolveConfig(in).ok());
+}
+
+TEST_F(ConfigTest, bad_s3_values_are_refused_from_the_file_and_from_flags_alike) {
+  // A file:// replica: the values are checked before whether they apply.
+  ConfigInput in = Input();
+  in.replica = "file:///srv/replica";
+  in.replica_endpoint = "http://h/bucket";
+  const std::string endpoint_flag = Error(in);
+  EXPECT_NE(endpoint_flag.find("replica_endpoint: 'http://h/bucket' has a path"),
+            std::string::npos)
+      << endpoint_flag;
+  in = Input();
+  in.config_file = WriteFile("replica = \"file:///srv/replica\"\n"
+                             "replica_endpoint = \"http://h/bucket\"\n");
+  EXPECT_EQ(Error(in), "config file " + *in.config_file + ": " + endpoint_flag);
+
+  in = Input();
+  in.replica_region = "EU";
+  const std::string region_flag = Error(in);
+  EXPECT_NE(region_flag.find("replica_region: 'EU' is not a region name"), std::string::npos);
+  in = Input();
+  in.config_file = WriteFile("replica_region = \"EU\"\n");
+  EXPECT_EQ(Error(in), "config file " + *in.config_file + ": " + region_flag);
+
+  in = Input();
+  in.replica_path_style = "yes";
+  EXPECT_EQ(Error(in), "replica_path_style: 'yes' must be true or false");
+  // The file's is a TOML boolean: quoted, it is a string, and refused.
+  in = Input();
+  in.config_file = WriteFile("replica_path_style = \"true\"\n");
+  EXPECT_EQ(Error(in), "config file " + *in.config_file +
+                           ": replica_path_style: must be true or false (unquoted)");
+  // A flag does not hide a bad value in the file.
+  in = Input();
+  in.config_file = WriteFile("replica_region = \"EU\"\n");
+  in.replica_region = "eu-west-1";
+  EXPECT_NE(Error(in).find("replica_region: 'EU'"), std::string::npos);
+}
+
+TEST_F(ConfigTest, the_unknown_key_message_lists_the_s3_keys) {
+  ConfigInput in = Input();
+  in.config_file = WriteFile("replica_endpiont = \"http://h\"\n");
+  const std::string error = Error(in);
+  EXPECT_NE(error.find("unknown key 'replica_endpiont'"), std::string::npos);
+  EXPECT_NE(error.find("replica_endpoint, replica_region, replica_path_style"), std::string::npos)
+      << error;
+}
+
+// An s3:// replica is accepted once the S3 destination is built; until then
+// these tests have nothing to resolve.
+bool S3ReplicasAreBuilt() { return replica::ValidateDestinationUrl("s3://bucket/prefix").ok(); }
+
+TEST_F(ConfigTest, s3_keys_from_flags_equal_the_same_keys_in_the_file) {
+  if (!S3ReplicasAreBuilt()) GTEST_SKIP() << "s3:// replicas are not built yet";
+  ConfigInput by_flag = Input();
+  by_flag.replica = "s3://bucket/prefix";
+  by_flag.replica_endpoint = "http://127.0.0.1:9000/";
+  by_flag.replica_region = "eu-west-1";
+  by_flag.replica_path_style = "false";
+  ConfigInput by_file = Input();
+  by_file.config_file = WriteFile(
+      "replica = \"s3://bucket/prefix\"\nreplica_endpoint = \"http://127.0.0.1:9000/\"\n"
+      "replica_region = \"eu-west-1\"\nreplica_path_style = false\n");
+  for (const ConfigInput& in : {by_flag, by_file}) {
+    auto config = ResolveConfig(in);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    EXPECT_EQ(config->replica, "s3://bucket/prefix");
+    EXPECT_EQ(config->replica_s3.endpoint, "http://127.0.0.1:9000");
+    EXPECT_EQ(config->replica_s3.region, "eu-west-1");
+    EXPECT_EQ(config->replica_s3.path_style, std::optional<bool>(false));
+  }
+  // Flags win over the file.
+  by_file.replica_region = "us-east-2";
+  by_file.replica_path_style = "true";
+  auto config = ResolveConfig(by_file);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->replica_s3.region, "us-east-2");
+  EXPECT_EQ(config->replica_s3.path_style, std::optional<bool>(true));
+  // None given: all unset, the destination's defaults.
+  ConfigInput bare = Input();
+  bare.replica = "s3://bucket/prefix";
+  config = ResolveConfig(bare);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->replica_s3.endpoint, "");
+  EXPECT_EQ(config->replica_s3.region, "");
+  EXPECT_FALSE(config->replica_s3.path_style.has_value());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <vector>
 
+#include "agent/config.h"
 #include "fleet/layout.h"
 #include "fleet/replica/destination.h"
 #include "fleet/replica/log_names.h"
@@ -54,18 +55,28 @@ struct Target {
 Result<Target> Open(const ReplicaArgs& args) {
   auto mode = ParseMode(args.mode);
   if (!mode.ok()) return mode.status().WithContext("--mode");
+  // The same keys, checked the same way, as the agent's configuration.
+  replica::DestinationOptions options;
+  FLEETFS_ASSIGN_OR_RETURN(options.s3.endpoint, ParseReplicaEndpoint(args.endpoint));
+  FLEETFS_RETURN_IF_ERROR(CheckReplicaRegion(args.region));
+  options.s3.region = args.region;
+  FLEETFS_ASSIGN_OR_RETURN(options.s3.path_style, ParseReplicaPathStyle(args.path_style));
   FLEETFS_RETURN_IF_ERROR(replica::ValidateDestinationUrl(args.replica));
+  FLEETFS_RETURN_IF_ERROR(CheckS3SettingsApply(args.replica, options.s3));
   auto path = MainPathForKey(*mode, args.tenant);
   if (!path.ok()) return path.status();
   auto file = ParseFleetPath(*mode, *path);
   if (!file) return Internal("the path " + *path + " is not a fleet file");
   // Reading must not make the destination: an absent directory is an error.
-  std::string dir = args.replica.substr(std::strlen("file://"));
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return NotFound("replica " + args.replica + ": " + dir + " is not a directory");
+  // (Opening an s3:// destination makes nothing.)
+  if (args.replica.starts_with("file://")) {
+    std::string dir = args.replica.substr(std::strlen("file://"));
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return NotFound("replica " + args.replica + ": " + dir + " is not a directory");
+    }
   }
-  FLEETFS_ASSIGN_OR_RETURN(auto dest, replica::OpenDestination(args.replica));
+  FLEETFS_ASSIGN_OR_RETURN(auto dest, replica::OpenDestination(args.replica, options));
   return Target{*file, replica::LogDir(*file), dest};
 }
 

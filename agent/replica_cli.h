@@ -15,6 +15,9 @@ namespace fleetfs::agent {
 struct ReplicaArgs {
   std::string tenant;
   std::string replica;
+  // s3:// only, "" when not given: as the agent's replica_endpoint,
+  // replica_region and replica_path_style ("true" or "false").
+  std::string endpoint, region, path_style;
   std::string mode = "tenant";
   std::string at;      // restore: a time, "" for the newest
   std::string output;  // restore: the file to write

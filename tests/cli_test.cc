@@ -462,6 +462,26 @@ TEST_F(MountCommand, a_store_that_cannot_be_used_is_refused_before_anything_is_t
                 "store: the directory " + dir_.File("missing") + " of the control database");
 }
 
+TEST_F(MountCommand, s3_flags_are_checked_and_refused_without_an_s3_replica) {
+  ExpectRefused(Mount({"--replica-endpoint", "ftp://minio"}),
+                "replica_endpoint: 'ftp://minio' is not an http:// or https:// URL");
+  ExpectRefused(Mount({"--replica-region", "EU-WEST-1"}),
+                "replica_region: 'EU-WEST-1' is not a region name");
+  ExpectRefused(Mount({"--replica-path-style", "yes"}),
+                "replica_path_style: 'yes' must be true or false");
+  const std::string replica = "file://" + dir_.File("replica");
+  ExpectRefused(Mount({"--replica", replica, "--replica-endpoint", "http://127.0.0.1:9000"}),
+                "replica_endpoint: applies only to an s3:// replica, and the replica is " +
+                    replica);
+  ExpectRefused(Mount({"--replica-region", "eu-west-1"}),
+                "replica_region: applies only to an s3:// replica, and replication is off");
+  ExpectRefused(Mount({"--replica-path-style", "false"}, "replica = \"" + replica + "\"\n"),
+                "replica_path_style: applies only to an s3:// replica");
+  ExpectRefused(Mount({}, "replica_path_style = \"true\"\n"),
+                "replica_path_style: must be true or false (unquoted)");
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("replica")));
+}
+
 TEST(Help, describes_commands_and_exit_status) {
   Ran ran = Fleetfs({"--help"});
   EXPECT_EQ(ran.code, 0);
@@ -510,6 +530,76 @@ TEST(ReplicaCommands, bad_input_is_named_and_no_output_file_is_left) {
   EXPECT_EQ(ran.code, 1);
   EXPECT_NE(ran.err.find("restore never overwrites"), std::string::npos) << ran.err;
   EXPECT_EQ(Slurp(out), "keep me");
+}
+
+TEST(ReplicaCommands, s3_flags_are_checked_and_refused_without_an_s3_replica) {
+  TempDir dir;
+  const std::string replica = "file://" + dir.File("replica");
+  std::filesystem::create_directories(dir.File("replica"));
+  const std::string out = dir.File("out.db");
+  // Values are checked before the URL, so these hold whether or not s3://
+  // destinations are built: nothing is reached.
+  Ran ran = Fleetfs({"restore", "acme", "--replica", "s3://bucket/prefix", "--replica-region",
+                     "EU", "-o", out});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("replica_region: 'EU' is not a region name"), std::string::npos)
+      << ran.err;
+  ran = Fleetfs({"replica", "ls", "acme", "--replica", "s3://bucket/prefix",
+                 "--replica-endpoint", "http://minio:9000/bucket"});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("replica_endpoint: 'http://minio:9000/bucket' has a path"),
+            std::string::npos)
+      << ran.err;
+  ran = Fleetfs({"replica", "verify", "acme", "--replica", "s3://bucket/prefix",
+                 "--replica-path-style", "on"});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("replica_path_style: 'on' must be true or false"), std::string::npos)
+      << ran.err;
+  ran = Fleetfs({"restore", "acme", "--replica", replica, "--replica-endpoint",
+                 "https://s3.eu-west-1.amazonaws.com", "-o", out});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("replica_endpoint: applies only to an s3:// replica, and the replica "
+                         "is " + replica),
+            std::string::npos)
+      << ran.err;
+  ran = Fleetfs({"replica", "ls", "acme", "--replica", replica, "--replica-region", "eu-west-1"});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("replica_region: applies only to an s3:// replica"), std::string::npos)
+      << ran.err;
+  ran = Fleetfs({"replica", "verify", "acme", "--replica", replica, "--replica-path-style",
+                 "true"});
+  EXPECT_EQ(ran.code, 2);
+  EXPECT_NE(ran.err.find("replica_path_style: applies only to an s3:// replica"),
+            std::string::npos)
+      << ran.err;
+  // Unset values ("") go with any replica: the file:// log is read as before.
+  ran = Fleetfs({"restore", "acme", "--replica", replica, "--replica-region", "", "-o", out});
+  EXPECT_EQ(ran.code, 1);
+  EXPECT_NE(ran.err.find("holds nothing for 176/acme.db"), std::string::npos) << ran.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(ReplicaCommands, help_describes_the_s3_flags_and_where_credentials_come_from) {
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"mount", "--help"}, {"restore", "--help"},
+        {"replica", "ls", "--help"}, {"replica", "verify", "--help"}}) {
+    Ran ran = Fleetfs(command);
+    EXPECT_EQ(ran.code, 0);
+    for (const char* part : {"--replica-endpoint", "--replica-region", "--replica-path-style",
+                             "s3://BUCKET/PREFIX"}) {
+      EXPECT_NE(ran.out.find(part), std::string::npos) << command[0] << ": " << part;
+    }
+  }
+  for (const char* command : {"mount", "restore", "replica"}) {
+    Ran ran = Fleetfs({command, "--help"});
+    for (const char* part :
+         {"S3 REPLICAS", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+          "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", "never logged"}) {
+      EXPECT_NE(ran.out.find(part), std::string::npos) << command << ": " << part;
+    }
+    // Before the examples, not after them.
+    EXPECT_LT(ran.out.find("S3 REPLICAS"), ran.out.find("EXAMPLES")) << command;
+  }
 }
 
 TEST(ReplicaCommands, help_describes_point_in_time_and_verify) {

@@ -9,7 +9,7 @@
 //
 // Properties: nothing throws; a refused configuration says why; an accepted
 // one holds values inside their rules (ttl, ranges, owner, admin on loopback,
-// intervals), and its status JSON serializes (a value that cannot be
+// intervals, S3 settings only with an s3:// replica), and its status JSON serializes (a value that cannot be
 // serialized would abort the agent at its first /status).
 #include <fcntl.h>
 #include <unistd.h>
@@ -48,7 +48,10 @@ void SetFlag(ConfigInput& in, std::string_view key, std::string_view value) {
       {"replica", &in.replica},
       {"sync_interval", &in.sync_interval},
       {"snapshot_interval", &in.snapshot_interval},
-      {"retention", &in.retention}};
+      {"retention", &in.retention},
+      {"replica_endpoint", &in.replica_endpoint},
+      {"replica_region", &in.replica_region},
+      {"replica_path_style", &in.replica_path_style}};
   for (auto& [name, slot] : keys) {
     if (key == name) *slot = std::string(value);
   }
@@ -73,6 +76,14 @@ void CheckAccepted(const AgentConfig& c) {
   FUZZ_CHECK(c.snapshot_interval >= Millis(1000), "a snapshot interval under 1s");
   FUZZ_CHECK(c.retention >= Millis(60000), "a retention under 60s");
   FUZZ_CHECK(!c.backing.empty() && c.backing[0] == '/', "a backing path that is not absolute");
+  FUZZ_CHECK(CheckS3SettingsApply(c.replica, c.replica_s3).ok(),
+             "S3 settings accepted for a replica that is not s3://");
+  if (!c.replica_s3.endpoint.empty()) {
+    auto again = ParseReplicaEndpoint(c.replica_s3.endpoint);
+    FUZZ_CHECK(again.ok() && *again == c.replica_s3.endpoint,
+               "an accepted replica endpoint that does not parse back as itself");
+  }
+  FUZZ_CHECK(CheckReplicaRegion(c.replica_s3.region).ok(), "an accepted region that is not one");
 
   // What /status, /metrics and status.json show of it.
   AgentSnapshot s;

@@ -11,11 +11,11 @@ and the destinations an agent refuses at start.
 Objects are read and forged with the `curl` CLI's own SigV4 signing, a
 client independent of fleetfs."""
 import json
-import multiprocessing
 import os
 import re
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 import unittest
@@ -92,19 +92,24 @@ class Bucket:
             raise AssertionError(f"create {key}: {a}")
 
 
-def steady_writer(path, log_path, stop):
-    """Commits one row at a time until `stop` is set; after each commit
-    returns, appends its id to log_path (outside the mount)."""
-    db = sqlite3.connect(path, timeout=30, isolation_level=None)
-    i = 0
-    with open(log_path, "a") as log:
-        while not stop.is_set():
-            i += 1
-            db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(200))", (i,))
-            log.write(f"{i}\n")
-            log.flush()
-            time.sleep(0.005)  # pacing, so 2 cores keep room for the agent
-    db.close()
+# Commits one row at a time until the file argv[3] exists; after each commit
+# returns, appends its id to argv[2] (outside the mount). A process of its
+# own, not a fork of the test's: a fork would hold the fault proxy's sockets
+# open, and a connection the proxy resets would stay open in it.
+WRITER = r"""
+import os, sqlite3, sys, time
+path, log_path, stop = sys.argv[1:4]
+db = sqlite3.connect(path, timeout=30, isolation_level=None)
+i = 0
+with open(log_path, "a") as log:
+    while not os.path.exists(stop):
+        i += 1
+        db.execute("INSERT INTO t(id, pad) VALUES (?, randomblob(200))", (i,))
+        log.write(f"{i}\n")
+        log.flush()
+        time.sleep(0.005)  # pacing, so 2 cores keep room for the agent
+db.close()
+"""
 
 
 def committed_ids(log_path):
@@ -252,11 +257,10 @@ class S3Replication(rep.Replication):
             rel = self.make_tenant(a, tenant, "wal")
             self.wait_shipped(a, timeout=10 * OUTAGE_SYNC_S)
             log_path = os.path.join(self.root, "writer.log")
-            stop = multiprocessing.Event()
-            w = multiprocessing.Process(target=steady_writer,
-                                        args=(os.path.join(a.mount, rel), log_path, stop))
-            w.start()
-            self.addCleanup(lambda: (stop.set(), w.join(30)))
+            stop = os.path.join(self.root, "stop-writer")
+            w = subprocess.Popen([sys.executable, "-c", WRITER, os.path.join(a.mount, rel),
+                                  log_path, stop])
+            self.addCleanup(lambda: w.poll() is not None or (w.kill(), w.wait()))
             wait_for(lambda: os.path.exists(log_path) and len(committed_ids(log_path)) >= 20,
                      15, "the writer under way", on_fail=a.log_tail)
             self.assertEqual(a.http("/health")[0], 200)
@@ -281,9 +285,8 @@ class S3Replication(rep.Replication):
                               on_fail=a.log_tail) - back
             healthy = wait_for(lambda: a.http("/health")[0] == 200, 60, "health 200 again",
                                on_fail=a.log_tail) - back
-            stop.set()
-            w.join(30)
-            self.assertEqual(w.exitcode, 0, "the writer failed")
+            open(stop, "w").close()
+            self.assertEqual(w.wait(30), 0, "the writer failed")
             self.wait_shipped(a, timeout=30)
             self.assertEqual(a.stop(), 0)
             self.assertIn("every commit is shipped", a.log())

@@ -90,7 +90,7 @@ class FileDest : public ::testing::TestWithParam<bool> {
 
   std::shared_ptr<Destination> Open(const fs::path& root) {
     auto d = OpenDestination("file://" + root.string(),
-                             DestinationOptions{.named_temps_only = GetParam()});
+                             DestinationOptions{.named_temps_only = GetParam(), .s3 = {}});
     EXPECT_TRUE(d.ok()) << d.status().message();
     return *d;
   }

@@ -38,7 +38,9 @@ namespace fleetfs::replica::s3 {
 
 struct S3Request {
   std::string method;          // GET, HEAD, PUT, POST, DELETE
-  std::string path_and_query;  // "/" + EncodeKey(key) [+ "?" + CanonicalQuery(...)]
+  // "/" + EncodeKey(key) [+ "?" + CanonicalQuery(...)] for an object;
+  // "?" + CanonicalQuery(...) for the bucket (a listing).
+  std::string path_and_query;
   std::vector<std::pair<std::string, std::string>> headers;
   // The body: `body` (which must outlive the call) when body_fd < 0, else
   // body_length bytes of body_fd from body_offset, read with pread.

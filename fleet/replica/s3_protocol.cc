@@ -161,10 +161,15 @@ Getenv ProcessEnv() {
 }
 
 std::string S3Endpoint::Url(std::string_view bucket, std::string_view path_and_query) const {
+  // A bucket-level request ("?list-type=2") has no path of its own: path
+  // style sends /BUCKET?..., without a slash that some stores (s3rver) leave
+  // out of the path they sign.
+  const bool bucket_level = path_and_query.empty() || path_and_query.front() == '?';
   if (path_style) {
     return scheme + "://" + authority + "/" + std::string(bucket) + std::string(path_and_query);
   }
-  return scheme + "://" + std::string(bucket) + "." + authority + std::string(path_and_query);
+  return scheme + "://" + std::string(bucket) + "." + authority + (bucket_level ? "/" : "") +
+         std::string(path_and_query);
 }
 
 Result<S3Endpoint> ResolveS3Endpoint(const S3Settings& settings, std::string_view bucket,

@@ -70,8 +70,8 @@ struct S3Endpoint {
 
   // "https://s3.eu-west-1.amazonaws.com" (for messages).
   std::string Name() const { return scheme + "://" + authority; }
-  // The URL of `path_and_query` ("/" + encoded key + "?" + canonical query)
-  // in `bucket`.
+  // The URL of `path_and_query` in `bucket`: "/" + encoded key [+ "?" +
+  // canonical query] for an object, "?" + canonical query for the bucket.
   std::string Url(std::string_view bucket, std::string_view path_and_query) const;
 };
 

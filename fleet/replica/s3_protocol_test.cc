@@ -118,6 +118,16 @@ TEST(ParseS3Url, refuses_prefixes_with_empty_dot_or_dot_dot_parts) {
   }
 }
 
+TEST(ValidateDestinationUrl, accepts_s3_urls_and_names_the_rule_for_bad_ones) {
+  EXPECT_TRUE(ValidateDestinationUrl("s3://bucket/fleet").ok());
+  Status st = ValidateDestinationUrl("s3://Bucket/fleet");
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Mentions(st, "lower-case")) << st.message();
+  st = ValidateDestinationUrl("gs://bucket");
+  EXPECT_TRUE(Mentions(st, "s3://")) << st.message();
+  EXPECT_TRUE(ValidateDestinationUrl("file:///var/lib/replica").ok());
+}
+
 // ---- endpoints
 
 TEST(ResolveS3Endpoint, defaults_to_aws_for_the_region_with_virtual_host_style) {
@@ -127,6 +137,8 @@ TEST(ResolveS3Endpoint, defaults_to_aws_for_the_region_with_virtual_host_style) 
   EXPECT_FALSE(ep->path_style);
   EXPECT_FALSE(ep->custom);
   EXPECT_EQ(ep->Url("bucket", "/k/x?a=b"), "https://bucket.s3.eu-west-1.amazonaws.com/k/x?a=b");
+  EXPECT_EQ(ep->Url("bucket", "?list-type=2"),
+            "https://bucket.s3.eu-west-1.amazonaws.com/?list-type=2");
   EXPECT_EQ(ResolveS3Endpoint({}, "bucket", EnvOf({}))->region, "us-east-1");
   EXPECT_EQ(ResolveS3Endpoint({}, "bucket", EnvOf({{"AWS_DEFAULT_REGION", "ap-south-1"}}))->region,
             "ap-south-1");
@@ -142,6 +154,7 @@ TEST(ResolveS3Endpoint, settings_come_before_the_environment) {
   EXPECT_EQ(ep->region, "us-west-2");
   EXPECT_TRUE(ep->path_style);  // on by default for a custom endpoint
   EXPECT_EQ(ep->Url("bucket", "/k"), "http://127.0.0.1:9000/bucket/k");
+  EXPECT_EQ(ep->Url("bucket", "?list-type=2"), "http://127.0.0.1:9000/bucket?list-type=2");
   s.path_style = false;
   EXPECT_FALSE(ResolveS3Endpoint(s, "bucket", EnvOf({}))->path_style);
 }

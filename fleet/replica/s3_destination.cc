@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <random>
@@ -115,6 +116,59 @@ class S3Destination final : public Destination {
     FLEETFS_RETURN_IF_ERROR(ListKeys(DirPrefix(path), "", /*delimiter=*/false, nullptr, &keys));
     for (const std::string& key : keys) FLEETFS_RETURN_IF_ERROR(Delete(key));
     return Status::Ok();
+  }
+
+  // Aborts the multipart uploads under the prefix begun more than `max_age`
+  // ago (a writer that crashed mid-upload leaves one, billed until aborted).
+  // A store without ListMultipartUploads (NotImplemented) has none to clean.
+  Result<int> CleanTemps(std::chrono::seconds max_age) override {
+    const std::int64_t cutoff =
+        std::chrono::duration_cast<std::chrono::seconds>(
+            (std::chrono::system_clock::now() - max_age).time_since_epoch())
+            .count();
+    const std::string prefix = DirPrefix("");
+    const std::string what = "listing the unfinished uploads under " +
+                             (prefix.empty() ? std::string("the bucket") : prefix);
+    int aborted = 0;
+    std::string key_marker;
+    std::string id_marker;
+    while (true) {
+      std::vector<std::pair<std::string, std::string>> params = {{"uploads", ""},
+                                                                 {"prefix", prefix}};
+      if (!key_marker.empty()) {
+        params.emplace_back("key-marker", key_marker);
+        params.emplace_back("upload-id-marker", id_marker);
+      }
+      S3Request r;
+      r.method = "GET";
+      r.path_and_query = "?" + CanonicalQuery(std::move(params));
+      auto got = client_->Call(std::move(r));
+      if (!got.ok()) return got.status().WithContext(client_->where() + ": " + what);
+      if (got->status == 501) return aborted;
+      if (got->status != 200) return client_->ErrorOf(*got, what);
+      auto page = ParseUploadsPage(got->body);
+      if (!page.ok()) return page.status().WithContext(client_->where() + ": " + what);
+      for (const MultipartUpload& up : page->uploads) {
+        if (!std::string_view(up.key).starts_with(prefix)) continue;
+        if (!up.initiated_s || *up.initiated_s >= cutoff) continue;  // perhaps a live writer's
+        S3Request abort;
+        abort.method = "DELETE";
+        abort.path_and_query = "/" + EncodeKey(up.key) + "?" + CanonicalQuery({{"uploadId", up.upload_id}});
+        auto done = client_->Call(std::move(abort));
+        if (!done.ok()) return done.status().WithContext(client_->where() + ": aborting an upload of " + up.key);
+        if (done->status == 204 || done->status == 200 || done->status == 404) {
+          if (done->status != 404) ++aborted;
+          continue;
+        }
+        return client_->ErrorOf(*done, "aborting an upload of " + up.key);
+      }
+      if (!page->truncated) return aborted;
+      if (page->next_key_marker == key_marker && page->next_upload_id_marker == id_marker) {
+        return DataLoss(client_->where() + ": " + what + " gave the same markers twice");
+      }
+      key_marker = page->next_key_marker;
+      id_marker = page->next_upload_id_marker;
+    }
   }
 
   Status Probe() override {

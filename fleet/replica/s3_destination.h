@@ -12,6 +12,8 @@
 //   completion conditional too; a failed upload is aborted.
 // - Get streams a GET; GetHead is a ranged GET; Size is a HEAD.
 // - Remove deletes the object and every object under PATH/.
+// - CleanTemps aborts multipart uploads under the prefix older than its
+//   max_age (a crashed writer's), where the store lists them.
 // - Probe proves conditional writes: it creates one probe object twice under
 //   PREFIX/.tmp-probe/; the second create must be refused, else the
 //   destination cannot fence an old owner's uploads and is refused.

@@ -238,6 +238,15 @@ TEST_F(Conditional, the_probe_passes_and_leaves_nothing_listed) {
   EXPECT_TRUE(d->List("")->empty());
 }
 
+TEST_F(Conditional, clean_temps_answers_on_a_store_without_upload_listing) {
+  auto d = Open();
+  ASSERT_TRUE(d);
+  // s3rver has no ListMultipartUploads: nothing to clean, and no error.
+  auto cleaned = d->CleanTemps(std::chrono::seconds(3600));
+  ASSERT_TRUE(cleaned.ok()) << cleaned.status().message();
+  EXPECT_EQ(*cleaned, 0);
+}
+
 TEST_F(Live, a_wrong_secret_is_one_line_about_the_credentials) {
   ::setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret", 1);
   auto d = Open();

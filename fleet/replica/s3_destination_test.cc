@@ -76,6 +76,9 @@ class FakeS3 {
   std::vector<std::string> extra_list_keys;  // hostile: added to every listing page
   bool repeat_token = false;                 // hostile: the same token forever
   bool ignore_range = false;
+  bool lists_uploads = true;  // false: ListMultipartUploads is NotImplemented (s3rver)
+  std::map<std::string, std::string> upload_key;        // upload id -> key
+  std::map<std::string, std::string> upload_initiated;  // upload id -> S3 time
   std::mutex mu;
 
   Result<S3Response> Send(const S3Request& r, const BodySink* sink) {
@@ -139,12 +142,15 @@ class FakeS3 {
         start = amp + 1;
       }
     }
+    if (path.empty() && q.count("uploads")) return ListUploads(q);
     if (path.empty()) return List(q);
     std::string key = Decode(path.substr(1));
     bool conditional = honours_conditional && headers.count("If-None-Match") != 0;
     if (r.method == "POST" && q.count("uploads")) {
       std::string id = "upload-" + std::to_string(next_upload_++);
       uploads[id];
+      upload_key[id] = key;
+      upload_initiated[id] = "2099-01-01T00:00:00.000Z";
       return Answer(200, "<InitiateMultipartUploadResult><UploadId>" + id +
                              "</UploadId></InitiateMultipartUploadResult>");
     }
@@ -202,6 +208,17 @@ class FakeS3 {
       return Answer(status);
     }
     return Answer(status, body);
+  }
+
+  Result<S3Response> ListUploads(std::map<std::string, std::string>& q) {
+    if (!lists_uploads) return Answer(501, ErrorXml("NotImplemented"));
+    std::string xml = "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>";
+    for (const auto& [id, parts] : uploads) {
+      if (!upload_key[id].starts_with(q["prefix"])) continue;
+      xml += "<Upload><Key>" + XmlEscape(upload_key[id]) + "</Key><UploadId>" + id +
+             "</UploadId><Initiated>" + upload_initiated[id] + "</Initiated></Upload>";
+    }
+    return Answer(200, xml + "</ListMultipartUploadsResult>");
   }
 
   Result<S3Response> List(std::map<std::string, std::string>& q) {
@@ -523,6 +540,33 @@ TEST_F(S3DestinationTest, an_error_inside_a_200_completion_is_retried_then_succe
   ASSERT_TRUE(d->CreateFromFile("k/snap", fd.get()).ok());
   EXPECT_EQ(completes, 2);
   EXPECT_EQ(s3_.objects["fleet/k/snap"], "0123456789AB");
+}
+
+TEST_F(S3DestinationTest, clean_temps_aborts_the_old_unfinished_uploads_under_the_prefix) {
+  auto d = Open();
+  auto begin = [&](const std::string& id, const std::string& key, const std::string& when) {
+    s3_.uploads[id][1] = "part";
+    s3_.upload_key[id] = key;
+    s3_.upload_initiated[id] = when;
+  };
+  begin("old", "fleet/k/snap", "2001-01-01T00:00:00.000Z");
+  begin("fresh", "fleet/k/snap2", "2099-01-01T00:00:00.000Z");
+  begin("other", "elsewhere/k", "2001-01-01T00:00:00.000Z");
+  auto cleaned = d->CleanTemps(std::chrono::seconds(3600));
+  ASSERT_TRUE(cleaned.ok()) << cleaned.status().message();
+  EXPECT_EQ(*cleaned, 1);
+  EXPECT_EQ(s3_.uploads.count("old"), 0u);
+  EXPECT_EQ(s3_.uploads.count("fresh"), 1u);  // perhaps a live writer's
+  EXPECT_EQ(s3_.uploads.count("other"), 1u);  // not under the prefix
+  EXPECT_EQ(*d->CleanTemps(std::chrono::seconds(3600)), 0);
+}
+
+TEST_F(S3DestinationTest, clean_temps_on_a_store_without_upload_listing_cleans_nothing) {
+  s3_.lists_uploads = false;
+  auto d = Open();
+  auto cleaned = d->CleanTemps(std::chrono::seconds(3600));
+  ASSERT_TRUE(cleaned.ok()) << cleaned.status().message();
+  EXPECT_EQ(*cleaned, 0);
 }
 
 TEST_F(S3DestinationTest, the_probe_passes_on_a_conditional_store_and_cleans_up) {

@@ -464,6 +464,62 @@ Result<std::optional<S3ErrorBody>> ParseCompleteResult(std::string_view xml) {
                   "nor an Error: '" + Printable(xml.substr(0, 120)) + "'");
 }
 
+Result<UploadsPage> ParseUploadsPage(std::string_view xml) {
+  pugi::xml_document doc;
+  FLEETFS_RETURN_IF_ERROR(LoadXml(doc, xml, "a ListMultipartUploads answer"));
+  pugi::xml_node root = doc.child("ListMultipartUploadsResult");
+  if (!root) {
+    return DataLoss("a ListMultipartUploads answer is not a ListMultipartUploadsResult: '" +
+                    Printable(xml.substr(0, 120)) + "'");
+  }
+  UploadsPage page;
+  for (pugi::xml_node u : root.children("Upload")) {
+    MultipartUpload up{u.child("Key").text().get(), u.child("UploadId").text().get(),
+                       ParseIsoTime(u.child("Initiated").text().get())};
+    if (up.upload_id.empty()) return DataLoss("a ListMultipartUploads answer has an Upload without an UploadId");
+    page.uploads.push_back(std::move(up));
+  }
+  page.truncated = std::string_view(root.child("IsTruncated").text().get()) == "true";
+  if (page.truncated) {
+    page.next_key_marker = root.child("NextKeyMarker").text().get();
+    page.next_upload_id_marker = root.child("NextUploadIdMarker").text().get();
+    if (page.next_key_marker.empty()) {
+      return DataLoss("a ListMultipartUploads answer says it is truncated and gives no NextKeyMarker");
+    }
+  }
+  return page;
+}
+
+std::optional<std::int64_t> ParseIsoTime(std::string_view t) {
+  // YYYY-MM-DDTHH:MM:SS, then fractions and 'Z' (or nothing).
+  if (t.size() < 19 || t[4] != '-' || t[7] != '-' || t[10] != 'T' || t[13] != ':' ||
+      t[16] != ':') {
+    return std::nullopt;
+  }
+  auto num = [&](std::size_t at, std::size_t n) -> std::optional<int> {
+    int v = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (t[i] < '0' || t[i] > '9') return std::nullopt;
+      v = v * 10 + (t[i] - '0');
+    }
+    return v;
+  };
+  auto y = num(0, 4), mo = num(5, 2), d = num(8, 2), h = num(11, 2), mi = num(14, 2),
+       s = num(17, 2);
+  if (!y || !mo || !d || !h || !mi || !s || *mo < 1 || *mo > 12 || *d < 1 || *d > 31 || *h > 23 ||
+      *mi > 59 || *s > 60) {
+    return std::nullopt;
+  }
+  // Days from civil (Howard Hinnant's algorithm): no time zone, no locale.
+  const int yy = *y - (*mo <= 2 ? 1 : 0);
+  const int era = yy / 400;
+  const int yoe = yy - era * 400;
+  const int doy = (153 * (*mo + (*mo > 2 ? -3 : 9)) + 2) / 5 + *d - 1;
+  const int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  const std::int64_t days = std::int64_t{era} * 146097 + doe - 719468;
+  return days * 86400 + *h * 3600 + *mi * 60 + *s;
+}
+
 std::string CompleteMultipartBody(const std::vector<std::string>& etags) {
   pugi::xml_document doc;
   pugi::xml_node root = doc.append_child("CompleteMultipartUpload");

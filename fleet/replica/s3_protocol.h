@@ -145,6 +145,26 @@ Result<std::string> ParseUploadId(std::string_view xml);
 // `error`; DataLoss for anything else.
 Result<std::optional<S3ErrorBody>> ParseCompleteResult(std::string_view xml);
 
+// One page of ListMultipartUploads: uploads begun and neither completed nor
+// aborted.
+struct MultipartUpload {
+  std::string key;
+  std::string upload_id;
+  std::optional<std::int64_t> initiated_s;  // Unix seconds; unset when unreadable
+};
+struct UploadsPage {
+  std::vector<MultipartUpload> uploads;
+  bool truncated = false;
+  std::string next_key_marker;
+  std::string next_upload_id_marker;
+};
+// DataLoss for anything but a ListMultipartUploadsResult, or a truncated page
+// without its markers.
+Result<UploadsPage> ParseUploadsPage(std::string_view xml);
+
+// "2026-12-02T13:24:37.000Z" (S3's times, UTC) in Unix seconds.
+std::optional<std::int64_t> ParseIsoTime(std::string_view text);
+
 // The CompleteMultipartUpload request body for parts 1..N with their ETags.
 std::string CompleteMultipartBody(const std::vector<std::string>& etags);
 

@@ -354,6 +354,38 @@ TEST(Multipart, answers_are_read_and_an_error_inside_a_200_is_seen) {
   EXPECT_EQ(ParseCompleteResult("").status().code(), Code::kDataLoss);
 }
 
+TEST(Multipart, unfinished_uploads_are_listed_with_their_start_times) {
+  auto page = ParseUploadsPage(
+      "<ListMultipartUploadsResult><IsTruncated>true</IsTruncated>"
+      "<NextKeyMarker>f/b</NextKeyMarker><NextUploadIdMarker>u2</NextUploadIdMarker>"
+      "<Upload><Key>f/a</Key><UploadId>u1</UploadId><Initiated>1970-01-02T00:00:01.000Z</Initiated></Upload>"
+      "<Upload><Key>f/b</Key><UploadId>u2</UploadId><Initiated>yesterday</Initiated></Upload>"
+      "</ListMultipartUploadsResult>");
+  ASSERT_TRUE(page.ok()) << page.status().message();
+  ASSERT_EQ(page->uploads.size(), 2u);
+  EXPECT_EQ(page->uploads[0].key, "f/a");
+  EXPECT_EQ(page->uploads[0].upload_id, "u1");
+  EXPECT_EQ(page->uploads[0].initiated_s, 86401);
+  EXPECT_FALSE(page->uploads[1].initiated_s.has_value());
+  EXPECT_TRUE(page->truncated);
+  EXPECT_EQ(page->next_key_marker, "f/b");
+  EXPECT_EQ(page->next_upload_id_marker, "u2");
+  EXPECT_EQ(ParseUploadsPage("<Error/>").status().code(), Code::kDataLoss);
+  EXPECT_EQ(ParseUploadsPage("<ListMultipartUploadsResult><IsTruncated>true</IsTruncated>"
+                             "</ListMultipartUploadsResult>").status().code(),
+            Code::kDataLoss);
+}
+
+TEST(ParseIsoTime, reads_s3_times_as_unix_seconds_and_refuses_others) {
+  EXPECT_EQ(ParseIsoTime("1970-01-01T00:00:00.000Z"), 0);
+  EXPECT_EQ(ParseIsoTime("2026-12-02T13:24:37.000Z"), 1796217877);
+  EXPECT_EQ(ParseIsoTime("2000-02-29T12:00:00Z"), 951825600);
+  for (const char* bad : {"", "2026-12-02", "2026-13-02T00:00:00Z", "2026-12-02 13:24:37",
+                          "20x6-12-02T13:24:37Z"}) {
+    EXPECT_FALSE(ParseIsoTime(bad).has_value()) << bad;
+  }
+}
+
 TEST(Multipart, the_complete_body_lists_parts_in_order_with_their_etags) {
   EXPECT_EQ(CompleteMultipartBody({"\"a\"", "\"b\""}),
             "<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"

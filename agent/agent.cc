@@ -563,6 +563,7 @@ int Agent::Run(std::ostream& err) {
   if (!config_.replica.empty()) {
     replica::DestinationOptions dest_options;
     dest_options.s3 = config_.replica_s3;
+    dest_options.retry_wait_cap = config_.sync_interval;
     auto dest = replica::OpenDestination(config_.replica, dest_options);
     if (!dest.ok()) return fail(dest.status().WithContext("replica"));
     destination_ = std::make_shared<replica::CountingDestination>(std::move(*dest));

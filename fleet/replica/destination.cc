@@ -436,7 +436,13 @@ Status ValidateDestinationUrl(std::string_view url) {
 Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
                                                      const DestinationOptions& options) {
   FLEETFS_RETURN_IF_ERROR(ValidateDestinationUrl(url));
-  if (url.starts_with(s3::kS3Scheme)) return s3::OpenS3Destination(url, options.s3);
+  if (url.starts_with(s3::kS3Scheme)) {
+    s3::S3DestinationOptions s3_options;
+    if (options.retry_wait_cap.count() > 0) {
+      s3_options.retry.cap = std::min(s3_options.retry.cap, options.retry_wait_cap);
+    }
+    return s3::OpenS3Destination(url, options.s3, std::move(s3_options));
+  }
   std::string path(url.substr(kFileScheme.size()));
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (Status st = MakeDirs(path); !st.ok()) return st.WithContext("replica " + std::string(url));

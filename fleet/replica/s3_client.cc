@@ -27,6 +27,7 @@ struct Transfer {
   Status sink_error;
   Status read_error;
   bool too_big = false;
+  bool head_seen = false;  // on_head was called
 };
 
 bool HeaderIs(std::string_view line, std::string_view name) {
@@ -81,6 +82,11 @@ std::size_t OnBody(char* data, std::size_t size, std::size_t count, void* user) 
   curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
   if (t->sink != nullptr && status >= 200 && status < 300) {
     try {
+      if (!t->head_seen) {
+        t->head_seen = true;
+        t->response.status = status;
+        if (t->request->on_head) t->request->on_head(t->response);
+      }
       Status st = (*t->sink)(std::string_view(data, n));
       if (!st.ok()) {
         t->sink_error = std::move(st);

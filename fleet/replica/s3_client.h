@@ -36,6 +36,8 @@
 
 namespace fleetfs::replica::s3 {
 
+struct S3Response;
+
 struct S3Request {
   std::string method;          // GET, HEAD, PUT, POST, DELETE
   // "/" + EncodeKey(key) [+ "?" + CanonicalQuery(...)] for an object;
@@ -48,6 +50,11 @@ struct S3Request {
   int body_fd = -1;
   std::uint64_t body_offset = 0;
   std::uint64_t body_length = 0;
+
+  // Called with a 2xx answer's status and headers before its first body
+  // byte goes to the sink (a reader that must resume a broken body learns
+  // the object's ETag here). May be null.
+  std::function<void(const S3Response&)> on_head;
 
   std::uint64_t BodySize() const { return body_fd >= 0 ? body_length : body.size(); }
 };

@@ -15,6 +15,9 @@ namespace {
 // can take it (ValidateObjectPath).
 constexpr std::string_view kProbeDir = ".tmp-probe";
 
+// How many times one Get resumes a body that broke off.
+constexpr int kGetResumes = 5;
+
 // S3 counts parts 1..10000.
 constexpr std::uint64_t kMaxParts = 10000;
 
@@ -69,13 +72,48 @@ class S3Destination final : public Destination {
     return WriteFile(path, fd, /*conditional=*/true);
   }
 
+  // A body that breaks off is resumed where it broke (Range from the bytes
+  // the sink took, If-Match the ETag the first answer gave), so a large
+  // snapshot survives a reset; an object replaced meanwhile is not spliced.
   Status Get(std::string_view path, const Sink& sink) override {
-    S3Request r = ObjectRequest("GET", path);
-    BodySink body = sink;
-    auto got = client_->Call(std::move(r), &body);
-    if (!got.ok()) return got.status().WithContext(Where("GET", path));
-    if (got->status == 200) return Status::Ok();
-    return client_->ErrorOf(*got, "GET " + Key(path));
+    std::uint64_t delivered = 0;
+    std::string etag;
+    Status sink_error;
+    const BodySink counted = [&](std::string_view piece) {
+      Status st = sink(piece);
+      if (!st.ok()) {
+        sink_error = st;
+        return st;
+      }
+      delivered += piece.size();
+      return Status::Ok();
+    };
+    for (int resumes = 0;; ++resumes) {
+      S3Request r = ObjectRequest("GET", path);
+      const bool resuming = delivered > 0;
+      if (resuming) {
+        r.headers.emplace_back("Range", "bytes=" + std::to_string(delivered) + "-");
+        r.headers.emplace_back("If-Match", etag);
+      } else {
+        r.on_head = [&](const S3Response& head) { etag = head.etag; };
+      }
+      auto got = client_->Call(std::move(r), &counted);
+      if (!sink_error.ok()) return sink_error;
+      if (got.ok()) {
+        if (got->status == 200 && !resuming) return Status::Ok();
+        if (got->status == 206 && resuming) return Status::Ok();
+        // The break fell after the last byte: nothing is left to read.
+        if (got->status == 416 && resuming) return Status::Ok();
+        if (got->status == 412 && resuming) {
+          return Unavailable(Where("GET", path) + ": the object changed while it was read (its " +
+                             "ETag is no longer " + Printable(etag, 80) + "); read it again");
+        }
+        return client_->ErrorOf(*got, "GET " + Key(path));
+      }
+      if (delivered == 0 || etag.empty() || resumes >= kGetResumes) {
+        return got.status().WithContext(Where("GET", path));
+      }
+    }
   }
 
   Result<std::string> GetHead(std::string_view path, std::size_t n) override {
@@ -242,7 +280,8 @@ class S3Destination final : public Destination {
     if (conditional) r.headers.emplace_back("If-None-Match", "*");
     auto got = client_->Call(std::move(r));
     if (!got.ok()) return got.status().WithContext(Where("PUT", path));
-    if (got->status == 200) return Status::Ok();
+    // 2xx: some S3-compatible stores answer a PUT with 201 or 204.
+    if (got->status / 100 == 2) return Status::Ok();
     if (conditional && got->status == 412) return AlreadyExists(path);
     return client_->ErrorOf(*got, "PUT " + Key(path));
   }

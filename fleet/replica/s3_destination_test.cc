@@ -76,6 +76,9 @@ class FakeS3 {
   std::vector<std::string> extra_list_keys;  // hostile: added to every listing page
   bool repeat_token = false;                 // hostile: the same token forever
   bool ignore_range = false;
+  // A GET's body breaks off after this many bytes (0: never), breaks_left times.
+  std::size_t break_get_after = 0;
+  int breaks_left = 0;
   bool lists_uploads = true;  // false: ListMultipartUploads is NotImplemented (s3rver)
   std::map<std::string, std::string> upload_key;        // upload id -> key
   std::map<std::string, std::string> upload_initiated;  // upload id -> S3 time
@@ -194,15 +197,30 @@ class FakeS3 {
       return a;
     }
     std::string body = it->second;
+    const std::string etag = "\"" + std::to_string(std::hash<std::string>()(body)) + "\"";
+    if (auto m = headers.find("If-Match"); m != headers.end() && m->second != etag) {
+      return Answer(412, ErrorXml("PreconditionFailed"));
+    }
     long status = 200;
     if (auto range = headers.find("Range"); range != headers.end() && !ignore_range) {
-      std::size_t last = std::stoul(range->second.substr(range->second.find('-') + 1));
-      if (body.empty()) return Answer(416, ErrorXml("InvalidRange"));
-      body = body.substr(0, last + 1);
+      // bytes=FIRST-[LAST]
+      std::string spec = range->second.substr(6);
+      std::size_t dash = spec.find('-');
+      std::size_t first = std::stoul(spec.substr(0, dash));
+      std::size_t last = dash + 1 < spec.size() ? std::stoul(spec.substr(dash + 1)) : body.size() - 1;
+      if (first >= body.size()) return Answer(416, ErrorXml("InvalidRange"));
+      body = body.substr(first, last + 1 - first);
       status = 206;
     }
     if (sink != nullptr) {
+      S3Response head = Answer(status);
+      head.etag = etag;
+      if (r.on_head) r.on_head(head);
       for (std::size_t i = 0; i < body.size(); i += 3) {
+        if (break_get_after > 0 && i >= break_get_after && breaks_left > 0) {
+          --breaks_left;
+          return Unavailable("connection reset mid-body");
+        }
         FLEETFS_RETURN_IF_ERROR((*sink)(std::string_view(body).substr(i, 3)));
       }
       return Answer(status);
@@ -462,6 +480,39 @@ TEST_F(S3DestinationTest, get_head_and_size_read_objects_and_absent_ones_are_not
   EXPECT_EQ(d->Size("absent").status().code(), Code::kNotFound);
   s3_.ignore_range = true;  // a store that sends the whole object
   EXPECT_EQ(*d->GetHead("o", 3), "abc");
+}
+
+TEST_F(S3DestinationTest, a_body_that_breaks_off_is_resumed_where_it_broke) {
+  auto d = Open();
+  std::string big;
+  for (int i = 0; i < 100; ++i) big += static_cast<char>('a' + i % 26);
+  ASSERT_TRUE(d->Put("o", big).ok());
+  s3_.break_get_after = 30;
+  s3_.breaks_left = 2;
+  s3_.seen.clear();
+  EXPECT_EQ(ReadAll(*d, "o"), big);
+  ASSERT_EQ(s3_.seen.size(), 3u);
+  EXPECT_EQ(s3_.seen[1].headers["Range"], "bytes=30-");
+  EXPECT_EQ(s3_.seen[2].headers["Range"], "bytes=60-");
+  EXPECT_FALSE(s3_.seen[1].headers["If-Match"].empty());
+}
+
+TEST_F(S3DestinationTest, an_object_replaced_while_it_was_read_is_not_spliced) {
+  auto d = Open();
+  ASSERT_TRUE(d->Put("o", std::string(100, 'a')).ok());
+  s3_.break_get_after = 30;
+  s3_.breaks_left = 1;
+  std::string got;
+  int pieces = 0;
+  Status st = d->Get("o", [&](std::string_view p) {
+    got.append(p);
+    // Replaced by another writer after the first piece.
+    if (++pieces == 1) s3_.objects["fleet/o"] = std::string(100, 'b');
+    return Status::Ok();
+  });
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.message();
+  EXPECT_NE(st.message().find("changed while it was read"), std::string::npos) << st.message();
+  EXPECT_EQ(got.find('b'), std::string::npos);
 }
 
 TEST_F(S3DestinationTest, remove_deletes_the_object_and_everything_under_it) {

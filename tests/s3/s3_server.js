@@ -230,6 +230,12 @@ function refuseIncompleteBodies(store, S3Error) {
     const chunks = [];
     let received = 0;
     const complete = await new Promise((resolve) => {
+      // Ended before this ran (the conditional check awaits first): no
+      // event will come, and waiting would hold the key's lock forever.
+      if (content.destroyed || content.aborted) {
+        resolve(false);
+        return;
+      }
       content.on('data', (chunk) => { chunks.push(chunk); received += chunk.length; });
       content.on('end', () => resolve(true));
       content.on('aborted', () => resolve(false));

@@ -77,18 +77,22 @@ def xxh64(data):
     return _XXH.XXH64(bytes(data), len(data), 0)
 
 
-def forge_marker(log_dir, epoch):
-    """Writes what another owner's takeover at `epoch` writes: a marker after
-    the log's tail (made from the log's own first marker, its epoch, sequence,
-    chain checksum and header checksum rewritten; layout in
-    fleet/replica/log_object.h)."""
-    names = sorted(n for n in os.listdir(log_dir) if len(n) == 20 and n.isdigit())
-    with open(os.path.join(log_dir, names[-1]), "rb") as f:
-        tail = f.read()
+def is_log_name(name):
+    """An object of a key's replica log: its sequence, 20 digits."""
+    return len(name) == 20 and name.isdigit()
+
+
+def forged_marker(names, read, epoch):
+    """What another owner's takeover at `epoch` writes after the log's tail:
+    (its sequence, its bytes), made from the log's own first marker, its
+    epoch, sequence, chain checksum and header checksum rewritten (layout in
+    fleet/replica/log_object.h). `names` are the log's object names, `read`
+    gives an object's bytes by name."""
+    names = sorted(n for n in names if is_log_name(n))
+    tail = read(names[-1])
     marker = None
     for n in names:
-        with open(os.path.join(log_dir, n), "rb") as f:
-            b = bytearray(f.read())
+        b = bytearray(read(n))
         if struct.unpack_from("<I", b, 12)[0] == 4:  # kind: marker
             marker = b
             break
@@ -97,25 +101,64 @@ def forge_marker(log_dir, epoch):
     struct.pack_into("<Q", marker, 72, xxh64(tail))
     key_len = struct.unpack_from("<I", marker, 104)[0]
     struct.pack_into("<Q", marker, 112 + key_len, xxh64(marker[:112 + key_len]))
-    with open(os.path.join(log_dir, f"{seq:020d}"), "xb") as f:
-        f.write(marker)
-    return seq
+    return seq, bytes(marker)
 
 
-def cli(*args):
-    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
+def cli(*args, env=None):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env} if env else None)
 
 
 class Replication(MountTest):
     TIME_LIMIT = 240
 
+    # The replica and how its objects are reached: a subclass that runs these
+    # tests against another destination (test_s3_replication) overrides
+    # replica, replica_flags, replica_env and the three object methods.
     @property
     def replica(self):
         return f"file://{self.root}/replica"
 
+    def replica_flags(self):
+        """What the agent and the CLI take besides --replica to reach it."""
+        return []
+
+    def replica_env(self):
+        """What the agent and the CLI need in their environment for it."""
+        return {}
+
+    def log_objects(self, rel):
+        """The names of the objects of a tenant's replica log."""
+        return os.listdir(os.path.join(self.root, "replica", rel))
+
+    def read_object(self, rel, name):
+        with open(os.path.join(self.root, "replica", rel, name), "rb") as f:
+            return f.read()
+
+    def create_object(self, rel, name, data):
+        """Writes an object only if its name is free, as the agents do."""
+        with open(os.path.join(self.root, "replica", rel, name), "xb") as f:
+            f.write(data)
+
+    def forge_marker(self, rel, epoch):
+        """Writes what another owner's takeover at `epoch` writes after the
+        tail of `rel`'s log; returns its sequence."""
+        seq, data = forged_marker(self.log_objects(rel), lambda n: self.read_object(rel, n), epoch)
+        self.create_object(rel, f"{seq:020d}", data)
+        return seq
+
+    def cli(self, *args):
+        """The fleetfs command; one that names the replica reaches it as the
+        agents do."""
+        if "--replica" in args:
+            args = (*args, *self.replica_flags())
+        return cli(*args, env=self.replica_env())
+
     def ragent(self, name, sync=f"{int(SYNC_S * 1000)}ms", **kwargs):
-        extra = ["--replica", self.replica, "--sync-interval", sync, *kwargs.pop("extra", ())]
-        return self.agent(name, ttl=f"{TTL_S}s", extra=extra, **kwargs)
+        extra = ["--replica", self.replica, *self.replica_flags(), "--sync-interval", sync,
+                 *kwargs.pop("extra", ())]
+        env = {**self.replica_env(), **kwargs.pop("env", {})}
+        return self.agent(name, ttl=f"{TTL_S}s", extra=extra, env=env, **kwargs)
 
     def make_tenant(self, agent, tenant, journal_mode):
         rel = slots(tenant)[tenant]["tenant_path"]
@@ -136,7 +179,7 @@ class Replication(MountTest):
         return rows(dst)[0]
 
     def log_summary(self, tenant):
-        out = cli("replica", "ls", tenant, "--replica", self.replica, "--json")
+        out = self.cli("replica", "ls", tenant, "--replica", self.replica, "--json")
         if out.returncode != 0:
             return {"objects": [], "deleted": False}
         return json.loads(out.stdout)
@@ -185,12 +228,17 @@ class Replication(MountTest):
             when = f"@{at}" if not spell_utc or i % 2 else (
                 time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at // 1000)) +
                 f".{at % 1000:03d}Z")
-            r = cli("restore", tenant, "--replica", self.replica, "--at", when, "-o", out)
+            r = self.cli("restore", tenant, "--replica", self.replica, "--at", when, "-o", out)
             self.assertEqual(r.returncode, 0, r.stderr)
             ids, check = rows(out)
             self.assertEqual(check, "ok")
             self.assertEqual(ids, set(range(1, i + 1)), f"{tenant}: restore at mark {i}")
         return out
+
+    def before_the_kill(self, agent, load_began):
+        """What the failover waits for before its kill, the load running
+        since `load_began` (wall clock): nothing here, where an upload takes
+        a millisecond."""
 
     # 1 and 2: kill -9 under load, B restores; later A gets the range back.
     def failover_under_load(self, journal_mode):
@@ -224,6 +272,7 @@ class Replication(MountTest):
         deadline = time.time() + 17.5
         while time.time() < deadline and any(committed_lines(t) <= 50 for t in tenants):
             time.sleep(0.1)
+        self.before_the_kill(a, stop_at - 30)
         # The agent's own account of what a crash would lose: its replication
         # lag (the age of the oldest commit whose upload has not landed),
         # read the moment before the kill. Every commit a writer saw return
@@ -329,7 +378,7 @@ class Replication(MountTest):
         self.wait_shipped(a)
         self.assertGreaterEqual(len(self.snapshots(tenant)), 3, "no periodic snapshot was taken")
         self.assert_restores_at_marks(tenant, marks)
-        self.assertEqual(cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
+        self.assertEqual(self.cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
 
     # Issue 10's cost at the destination: in steady state a tenant costs one
     # create per round with something to ship, and no list, get or head.
@@ -382,7 +431,7 @@ class Replication(MountTest):
         control.execute("UPDATE fleetfs_epoch_counter SET last = ? WHERE id = 1", (newer,))
         control.commit()
         control.close()
-        forge_marker(os.path.join(self.root, "replica", rel), newer)
+        self.forge_marker(rel, newer)
         db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
         db.execute("INSERT INTO t(id, pad) VALUES (1, x'01')")
         wait_for(lambda: "dropping range" in a.log(), 10, "A drops the range", on_fail=a.log_tail)
@@ -406,7 +455,7 @@ class Replication(MountTest):
         rel = self.make_tenant(a, tenant, "wal")
         self.wait_shipped(a)
         epoch = a.status()["ranges"][0]["epoch"]
-        forge_marker(os.path.join(self.root, "replica", rel), 2**40)
+        self.forge_marker(rel, 2**40)
         db = sqlite3.connect(os.path.join(a.mount, rel), isolation_level=None)
         db.execute("INSERT INTO t(id, pad) VALUES (1, x'01')")
         db.close()
@@ -428,7 +477,7 @@ class Replication(MountTest):
             marks = self.commit_with_marks(os.path.join(a.mount, rel), 6, "x'00'")
             self.wait_shipped(a)
             out = self.assert_restores_at_marks(tenant, marks, spell_utc=True)
-            r = cli("restore", tenant, "--replica", self.replica, "-o", out)
+            r = self.cli("restore", tenant, "--replica", self.replica, "-o", out)
             self.assertEqual(r.returncode, 1)
             self.assertIn("never overwrites", r.stderr)
 
@@ -447,13 +496,13 @@ class Replication(MountTest):
         db.close()
         wait_for(lambda: a.http("/health")[0] == 503, 10, "health 503", on_fail=a.log_tail)
         self.assertIn("the replicator cannot write", a.http("/health")[1])
-        self.assertIn("FAILING", cli("status", a.mount).stdout)
+        self.assertIn("FAILING", self.cli("status", a.mount).stdout)
         os.unlink(replica_dir)
         os.rename(replica_dir + ".away", replica_dir)
         wait_for(lambda: a.http("/health")[0] == 200, 10, "health 200 again", on_fail=a.log_tail)
         self.wait_shipped(a)
         out = os.path.join(self.root, "after.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         self.assertIn(99, rows(out)[0], "the commit made while the destination failed was lost")
 
     def test_a_crash_mid_transaction_ships_the_rollback(self):
@@ -501,7 +550,7 @@ class Replication(MountTest):
             finally:
                 c.close()
         out = os.path.join(self.root, "restored.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         self.assertEqual(rows(out)[1], "ok")
         self.assertEqual(content(out), content(path), "the replica is not the rolled-back state")
         with open(main_file, "rb") as f:
@@ -530,12 +579,12 @@ class Replication(MountTest):
             f.seek(-1, 1)
             f.write(bytes([byte[0] ^ 0xFF]))
         out = os.path.join(self.root, "out.db")
-        r = cli("restore", tenant, "--replica", self.replica, "-o", out)
+        r = self.cli("restore", tenant, "--replica", self.replica, "-o", out)
         self.assertEqual(r.returncode, 1)
         self.assertIn(name, r.stderr)
         self.assertIn("checksum", r.stderr)
         self.assertFalse(os.path.exists(out))
-        r = cli("replica", "verify", tenant, "--replica", self.replica)
+        r = self.cli("replica", "verify", tenant, "--replica", self.replica)
         self.assertEqual(r.returncode, 1)
         self.assertIn(name, r.stderr)
         # B has an older good copy of its own, unstamped: the replica is newer,
@@ -575,7 +624,7 @@ class Replication(MountTest):
         b.wait_states("serving", timeout=TTL_S * 3)
         self.assertFalse(os.path.exists(os.path.join(b.mount, rel)))
         self.assertFalse(os.path.exists(os.path.join(b.backing, rel)))
-        r = cli("restore", tenant, "--replica", self.replica, "-o", os.path.join(self.root, "x.db"))
+        r = self.cli("restore", tenant, "--replica", self.replica, "-o", os.path.join(self.root, "x.db"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("was deleted", r.stderr)
 
@@ -605,11 +654,11 @@ class Replication(MountTest):
         self.assertLessEqual(len(self.snapshots(tenant)), 2, "restarts shipped the whole file again")
         self.assertGreaterEqual(a.log().count("continues its log after sequence"), 2, a.log_tail())
         out = os.path.join(self.root, "after.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         ids, check = rows(out)
         self.assertEqual(ids, set(range(rows_written)))
         self.assertEqual(check, "ok")
-        self.assertEqual(cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
+        self.assertEqual(self.cli("replica", "verify", tenant, "--replica", self.replica).returncode, 0)
 
     # 7. A restart with unshipped commits on disk ships them, once.
     def test_restart_ships_what_a_crash_left(self):
@@ -627,7 +676,7 @@ class Replication(MountTest):
         db.close()
         subprocess.run(["umount", "-l", a.mount], capture_output=True)
         out1 = os.path.join(self.root, "before.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out1).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out1).returncode, 0)
         shipped_before, _ = rows(out1)
         self.assertLess(len(shipped_before), 70, "the test needs commits left unshipped")
         a2 = self.ragent("a").start()  # nobody writes after the restart
@@ -635,13 +684,13 @@ class Replication(MountTest):
         self.wait_shipped(a2)
         self.assertEqual(a2.stop(), 0)
         out2 = os.path.join(self.root, "after.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out2).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out2).returncode, 0)
         ids, check = rows(out2)
         self.assertEqual(check, "ok")
         self.assertEqual(ids, set(range(70)))
         local, _ = rows(os.path.join(a2.backing, rel))
         self.assertEqual(ids, local)
-        r = cli("replica", "verify", tenant, "--replica", self.replica)
+        r = self.cli("replica", "verify", tenant, "--replica", self.replica)
         self.assertEqual(r.returncode, 0, r.stderr)
 
     # 8. Issue 10 item 6: journal_mode OFF leaves no transaction's end on disk.
@@ -665,7 +714,7 @@ class Replication(MountTest):
         self.assertEqual(a.status()["replication"]["unshippable_example"], rel)
         self.assertIn(rel, a.log())
         self.assertIn("journal_mode OFF or MEMORY", a.log())
-        text = cli("status", a.mount).stdout
+        text = self.cli("status", a.mount).stdout
         self.assertIn(f"NOT REPLICATED: {rel}", text)
         self.assertIn("journal_mode OFF or MEMORY", text)
         code, body = a.http("/health")
@@ -678,7 +727,7 @@ class Replication(MountTest):
                          (before["snapshots"], before["segments"]),
                          "something of an unshippable tenant was shipped")
         out = os.path.join(self.root, "off.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         self.assertEqual(rows(out), (set(range(10)), "ok"))
         # A commit with a journal again: it ships, from a fresh snapshot.
         db.execute("PRAGMA journal_mode=DELETE")
@@ -690,9 +739,9 @@ class Replication(MountTest):
         self.assertGreater(a.status()["replication"]["snapshots"], before["snapshots"])
         self.assertEqual(a.http("/health"), (200, "ok\n"))
         out = os.path.join(self.root, "on.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         self.assertEqual(rows(out), (set(range(400)) | {1000}, "ok"))
-        r = cli("replica", "verify", tenant, "--replica", self.replica)
+        r = self.cli("replica", "verify", tenant, "--replica", self.replica)
         self.assertEqual(r.returncode, 0, r.stderr)
 
     # 9. Issue 10 item 5: an O_TRUNC of the WAL through the mount is the last
@@ -720,7 +769,7 @@ class Replication(MountTest):
         self.assertEqual(os.path.getsize(path + "-wal"), 0)
         self.assertEqual(a.stop(), 0)  # ships what was captured
         out = os.path.join(self.root, "otrunc.db")
-        self.assertEqual(cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
+        self.assertEqual(self.cli("restore", tenant, "--replica", self.replica, "-o", out).returncode, 0)
         self.assertEqual(rows(out), (set(range(20)), "ok"),
                          "the commits the O_TRUNC removed were never captured")
 

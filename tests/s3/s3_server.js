@@ -212,6 +212,45 @@ function fixRanges(s3rverDir, store) {
   };
 }
 
+// A PUT whose body breaks off (the client killed, the connection reset)
+// stores nothing, as on AWS. s3rver stores whatever arrived before the
+// stream ended: a writer killed mid-upload left a short or empty object,
+// and with If-None-Match: * that object then holds the name. The body is
+// read whole and counted against Content-Length before the store sees it.
+// Only a PUT's own body (the request stream); multipart completions and
+// aws-chunked bodies pass as they come.
+function refuseIncompleteBodies(store, S3Error) {
+  const { IncomingMessage } = require('http');
+  const { Readable } = require('stream');
+  const original = store.putObject.bind(store);
+  store.putObject = async function (object) {
+    const content = object.content;
+    if (!(content instanceof IncomingMessage)) return original(object);
+    const declared = Number(object.metadata['content-length']);
+    const chunks = [];
+    let received = 0;
+    const complete = await new Promise((resolve) => {
+      // Ended before this ran (the conditional check awaits first): no
+      // event will come, and waiting would hold the key's lock forever.
+      if (content.destroyed || content.aborted) {
+        resolve(false);
+        return;
+      }
+      content.on('data', (chunk) => { chunks.push(chunk); received += chunk.length; });
+      content.on('end', () => resolve(true));
+      content.on('aborted', () => resolve(false));
+      content.on('error', () => resolve(false));
+      content.on('close', () => { if (!content.complete) resolve(false); });
+    });
+    if (!complete || !Number.isInteger(declared) || received !== declared) {
+      throw new S3Error('IncompleteBody',
+        'You did not provide the number of bytes specified by the Content-Length HTTP header',
+        { RequestId: requestId(), HostId: 'fleetfs-test-s3rver' });
+    }
+    return original({ ...object, content: Readable.from([Buffer.concat(chunks)]) });
+  };
+}
+
 let requestCounter = 0;
 function requestId() {
   requestCounter += 1;
@@ -247,6 +286,7 @@ async function main() {
     configureBuckets: args.buckets.map((name) => ({ name })),
   });
   listInKeyOrder(server.store);
+  refuseIncompleteBodies(server.store, S3Error);
   fixRanges(s3rverDir, server.store);
   const { port } = await server.run();
 

@@ -145,6 +145,32 @@ class ConditionalServerTest(unittest.TestCase):
             winner = [i for i in range(2) if answers[i].status == 200][0]
             self.assertEqual(self.get(key).body, f"writer-{winner}".encode())
 
+    def test_a_put_whose_body_breaks_off_stores_nothing_and_leaves_the_name_free(self):
+        # As on AWS; s3rver alone stored the bytes that had arrived, and a
+        # writer killed mid-upload left a short object holding the name.
+        with tempfile.TemporaryDirectory(prefix="fleetfs-curl-") as tmp:
+            body = os.path.join(tmp, "body")
+            with open(body, "wb") as f:
+                f.write(os.urandom(1 << 20))
+            writer = subprocess.Popen(
+                ["curl", "-sS", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "S3RVER:S3RVER",
+                 "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-H", "If-None-Match: *",
+                 "--limit-rate", "100k", "-X", "PUT", "--data-binary", f"@{body}",
+                 "-o", os.devnull, f"{self.s3.endpoint}/{self.s3.bucket}/broken"],
+                stderr=subprocess.DEVNULL)
+            # Part of the body has gone (about 100 KiB a second) when it dies.
+            try:
+                writer.wait(timeout=1.5)
+            except subprocess.TimeoutExpired:
+                writer.kill()
+                writer.wait()
+        for _ in range(100):  # the server sees the connection end a moment later
+            if self.get("broken").status == 404:
+                break
+        self.assertEqual(self.get("broken").status, 404)
+        self.assertEqual(create(self.s3.endpoint, self.s3.bucket, "broken", b"whole").status, 200)
+        self.assertEqual(self.get("broken").body, b"whole")
+
     def test_unconditional_put_still_overwrites(self):
         self.assertEqual(curl(self.s3.endpoint, "PUT", f"/{self.s3.bucket}/plain", b"1").status, 200)
         self.assertEqual(curl(self.s3.endpoint, "PUT", f"/{self.s3.bucket}/plain", b"2").status, 200)

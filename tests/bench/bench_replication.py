@@ -19,7 +19,11 @@
      Measured at sync 1 s and --requests-intervals' others (default 10 s);
      with the monthly request cost at AWS S3 list prices for 10,000 tenants
      each committing once per second, measured intervals beside computed
-     ones (one create per interval).
+     ones (one create per interval);
+  5. (with 4) the periodic snapshot and its retention pass, scaled down (a
+     snapshot every 10 s, retention 60 s): the requests per object removed,
+     from which 4's cost adds the hourly snapshot and its pass at the
+     defaults (1 h, 72 h).
 
 --replica-kind s3 runs the same workloads with the replicas in a bucket of
 the test S3 server (tests/s3/s3_fixture.py: s3rver on loopback), and
@@ -312,6 +316,78 @@ def requests_per_hour(binary, root, agents, replicas, seconds, idle, interval):
     }
 
 
+def commit_every_second(db, seconds):
+    commits = 0
+    next_at = time.perf_counter()
+    end = next_at + seconds
+    while next_at < end:
+        db.execute("INSERT INTO t(v) VALUES (?)", ("z" * 200,))
+        commits += 1
+        next_at += 1.0
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    return commits
+
+
+def retention_cycles(binary, root, agents, replicas, snapshot_s, retention_s, cycles):
+    """The periodic snapshot and the retention pass after it, scaled down:
+    one tenant committing once per second at sync 1 s, a snapshot every
+    `snapshot_s` and `retention_s` of retention (the agent's minimum is 60 s),
+    counted over `cycles` snapshot cycles once the log holds more than the
+    retention. What one cycle costs besides its segments is what the hourly
+    snapshot and its pass cost at the defaults, but for the log's length."""
+    name = "retention"
+    proxy = replicas.new_proxy() if replicas.kind == "s3" else None
+    a = Agent(binary, root, name,
+              [*replicas.args(name, proxy), "--sync-interval", "1s",
+               "--snapshot-interval", f"{snapshot_s}s", "--retention", f"{retention_s}s"],
+              env=replicas.env())
+    agents.append(a)
+    db = sqlite3.connect(os.path.join(a.mount, tenant_path(binary, "retention-tenant")),
+                         isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+    commit_every_second(db, retention_s + 2 * snapshot_s)  # the log outgrows the retention
+    before = requests(a)
+    snaps_before = a.metrics()["fleetfs_replication_snapshots_total"]
+    wire_before = proxy.counts() if proxy else {}
+    commit_every_second(db, cycles * snapshot_s)
+    wait_shipped(a, timeout=300)
+    after = requests(a)
+    snaps = a.metrics()["fleetfs_replication_snapshots_total"] - snaps_before
+    wire_after = proxy.counts() if proxy else {}
+    db.close()
+    a.stop()
+    agents.remove(a)
+    per_cycle = {k: (after[k] - before[k]) / cycles for k in REQUEST_KINDS + ("failures",)}
+    wire = {m: (wire_after.get(m, 0) - wire_before.get(m, 0)) / cycles
+            for m in sorted(set(wire_after) | set(wire_before))}
+    snaps /= cycles
+    segments = per_cycle["create"] - snaps
+    # On the wire a LIST is a GET: what the GETs hold beyond the agent's
+    # gets, header reads and lists are listings inside other calls.
+    hidden_lists = (wire.get("GET", 0) - per_cycle["get"] - per_cycle["head"] - per_cycle["list"]
+                    if proxy else 0.0)
+    removed = per_cycle["remove"]
+    lines = [
+        f"5. the snapshot and its retention pass, scaled down: one tenant committing once per "
+        f"second, sync 1s, a snapshot every {snapshot_s} s, retention {retention_s} s, replica "
+        f"{replicas.describe()}; per snapshot cycle, mean of {cycles} once the log outgrew the "
+        f"retention (measured)",
+        f"   snapshots {snaps:.1f}   segment creates {segments:.1f}   "
+        + "   ".join(f"{k} {per_cycle[k]:.1f}" for k in REQUEST_KINDS if k != "create")
+        + f"   failures {per_cycle['failures']:.1f}"]
+    if proxy:
+        lines.append(
+            "   on the wire (the fault proxy's count by HTTP method): "
+            + "   ".join(f"{m} {n:.1f}" for m, n in wire.items())
+            + f"; LISTs beyond the agent's lists: {hidden_lists:.1f} per cycle, "
+            f"{hidden_lists / removed if removed else 0:.2f} per object removed")
+    return {"lines": lines, "list_per_remove": hidden_lists / removed if removed else 0.0,
+            "head_per_remove": per_cycle["head"] / removed if removed else 1.0}
+
+
 def monthly_cost(per_hour):
     """Dollars a month of requests for the fleet, from one tenant's requests per hour."""
     put_list = sum(per_hour.get(k, 0) for k in PUT_LIST_KINDS)
@@ -320,20 +396,23 @@ def monthly_cost(per_hour):
     return FLEET_TENANTS * HOURS_PER_MONTH * hourly, FLEET_TENANTS * (put_list + get_other)
 
 
-def outside_window(interval_s, retention_s, snapshot_s=3600):
+def outside_window(interval_s, retention_s, cycle, snapshot_s=3600):
     """Per tenant per hour, computed: the periodic snapshot (one create) and
     the retention pass after it, which lists the whole log (one LIST per
     1,000 objects on S3), reads the header of each object it removes (a
-    ranged GET) and removes it (a free DELETE). In steady state it removes an
-    hour's objects: 3600/interval segments and the snapshot."""
+    ranged GET; `cycle` has how many per object removed, measured) and
+    removes it (a free DELETE, plus the LISTs per removal `cycle` measured on
+    the wire). In steady state it removes an hour's objects: 3600/interval
+    segments and the snapshot."""
     per_snapshot = 3600 / snapshot_s
     objects = retention_s / interval_s + retention_s / snapshot_s
     removed = 3600 / interval_s + per_snapshot
-    return {"create": per_snapshot, "list": per_snapshot * -(-objects // 1000),
-            "head": removed, "remove": removed}
+    return {"create": per_snapshot,
+            "list": per_snapshot * -(-objects // 1000) + removed * cycle["list_per_remove"],
+            "head": removed * cycle["head_per_remove"], "remove": removed}
 
 
-def print_requests(runs, cost_intervals, replicas, retention_s):
+def print_requests(runs, cost_intervals, replicas, retention_s, cycle):
     first = runs[0]
     print(f"4. requests to the destination per tenant per hour, replica {replicas.describe()}: one "
           f"tenant committing once per second, in steady state; a measured row is a window of "
@@ -369,16 +448,17 @@ def print_requests(runs, cost_intervals, replicas, retention_s):
           f"PUT/COPY/POST/LIST $0.005 per 1,000, GET and other $0.0004 per 1,000, DELETE free; "
           f"{HOURS_PER_MONTH} h a month) for {FLEET_TENANTS:,} tenants each committing once per "
           f"second; 'all' adds the hourly snapshot and its retention pass ({retention_s / 3600:.0f} h "
-          f"retention), computed")
+          f"retention), computed from workload 5's requests per object removed (header reads "
+          f"{cycle['head_per_remove']:.2f}, LISTs inside removals {cycle['list_per_remove']:.2f})")
     for interval, per_hour, how in rows:
         cost, billed = monthly_cost(per_hour)
-        extra = outside_window(duration_s(interval), retention_s)
+        extra = outside_window(duration_s(interval), retention_s, cycle)
         total = {k: per_hour.get(k, 0) + extra.get(k, 0) for k in set(per_hour) | set(extra)}
         all_cost, all_billed = monthly_cost(total)
         print(f"   sync {interval:6} (loses at most {interval} of commits)  {billed:13,.0f} billed requests/h "
               f"${cost:9,.0f} a month   all: {all_billed:13,.0f} billed requests/h ${all_cost:9,.0f} a month"
-              f"   ({how.split()[-1] if 'computed' in how else 'measured'}; retention lists "
-              f"{extra['list']:.0f} pages an hour)")
+              f"   ({how.split()[-1] if 'computed' in how else 'measured'}; retention: "
+              f"{extra['list']:.0f} LISTs and {extra['head']:.0f} GETs an hour)")
 
 
 def main():
@@ -396,6 +476,10 @@ def main():
                     help="sync intervals workload 4 measures (the first also counts visits)")
     ap.add_argument("--cost-intervals", default="1s,10s,60s",
                     help="sync intervals the cost table shows; those not measured are computed")
+    ap.add_argument("--retention-snapshot-s", type=int, default=10,
+                    help="workload 5's snapshot interval (seconds; retention is 60 s)")
+    ap.add_argument("--retention-cycles", type=int, default=6,
+                    help="snapshot cycles workload 5 counts")
     ap.add_argument("--idle-tenants", type=int, default=1000,
                     help="tenants written once before the requests window (workload 4)")
     ap.add_argument("--replica-kind", choices=("file", "s3"), default="file",
@@ -535,7 +619,10 @@ def main():
                 seconds = max(args.requests_seconds, 6 * duration_s(interval))
                 runs.append(requests_per_hour(args.binary, root, agents, replicas, seconds,
                                               args.idle_tenants if n == 0 else 0, interval))
-            print_requests(runs, args.cost_intervals.split(","), replicas, 72 * 3600)
+            cycle = retention_cycles(args.binary, root, agents, replicas, args.retention_snapshot_s,
+                                     60, args.retention_cycles)
+            print_requests(runs, args.cost_intervals.split(","), replicas, 72 * 3600, cycle)
+            print("\n".join(cycle["lines"]))
     finally:
         for a in agents:
             try:

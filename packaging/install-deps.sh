@@ -10,6 +10,8 @@ packages=(
   libsqlite3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libfuse3-dev libuv1-dev libspdlog-dev libtomlplusplus-dev libhttp-parser-dev
   libzstd-dev libxxhash-dev libcurl4-openssl-dev
+  # the s3:// destination: XML answers, SHA-256 of request bodies
+  libpugixml-dev libssl-dev
   # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
   fuse3
   # tests: real clients and servers the tests drive

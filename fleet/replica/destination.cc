@@ -16,6 +16,8 @@
 #include <utility>
 
 #include "fleet/fd_io.h"
+#include "fleet/replica/s3_destination.h"
+#include "fleet/replica/s3_protocol.h"
 #include "fleet/unique_fd.h"
 
 namespace fleetfs::replica {
@@ -417,9 +419,10 @@ Status ValidateObjectPath(std::string_view path) {
 }
 
 Status ValidateDestinationUrl(std::string_view url) {
+  if (url.starts_with(s3::kS3Scheme)) return s3::ParseS3Url(url).status();
   if (!url.starts_with(kFileScheme)) {
     return InvalidArgument("replica '" + std::string(url) +
-                           "': only file:///ABSOLUTE/DIR is supported (S3 is not built yet)");
+                           "': a replica is file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX]");
   }
   std::string_view path = url.substr(kFileScheme.size());
   if (path.empty() || path.front() != '/') {
@@ -433,6 +436,7 @@ Status ValidateDestinationUrl(std::string_view url) {
 Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
                                                      const DestinationOptions& options) {
   FLEETFS_RETURN_IF_ERROR(ValidateDestinationUrl(url));
+  if (url.starts_with(s3::kS3Scheme)) return s3::OpenS3Destination(url, options.s3);
   std::string path(url.substr(kFileScheme.size()));
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (Status st = MakeDirs(path); !st.ok()) return st.WithContext("replica " + std::string(url));

@@ -106,7 +106,9 @@ struct DestinationOptions {
   S3Settings s3;  // s3:// only
 };
 
-// Opens `url`: only file:///ABSOLUTE/DIR for now (made, 0700, when absent).
+// Opens `url`: file:///ABSOLUTE/DIR (made, 0700, when absent) or
+// s3://BUCKET[/PREFIX] (fleet/replica/s3_destination.h: its endpoint and
+// region from options.s3, credentials found as AWS tools find them).
 Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
                                                      const DestinationOptions& options = {});
 // Checks `url`'s shape without touching anything (for configuration).

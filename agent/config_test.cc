@@ -279,8 +279,12 @@ TEST_F(ConfigTest, replication_is_off_unless_a_replica_is_given_and_its_values_a
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_EQ(config->sync_interval, Millis(100));
   EXPECT_EQ(config->retention, Millis(168LL * 3600 * 1000));
-  in.replica = "s3://bucket";
-  EXPECT_NE(Error(in).find("replica 's3://bucket'"), std::string::npos);
+  in.replica = "s3://Bucket";
+  EXPECT_NE(Error(in).find("replica 's3://Bucket': the bucket name 'Bucket' may hold only "
+                           "lower-case letters"),
+            std::string::npos);
+  in.replica = "s3://bucket/fleet";
+  ASSERT_TRUE(ResolveConfig(in).ok());
   in.replica = "file:///srv/replica";
   in.sync_interval = "5ms";
   EXPECT_NE(Error(in).find("sync_interval: must be between 10ms and 600s"), std::string::npos);

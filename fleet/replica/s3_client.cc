@@ -438,6 +438,10 @@ Status S3Client::ErrorOf(const S3Response& response, std::string_view what) cons
     return config("the session token from " + credentials_source_ +
                   " is expired or invalid (" + detail + ")");
   }
+  if (code == "RequestTimeTooSkewed") {
+    return config("this host's clock is too far from the store's for a signature to hold (" +
+                  detail + "); set the time (NTP)");
+  }
   if (code == "AccessDenied" || code == "AllAccessDisabled" || response.status == 403) {
     return config("access to bucket " + bucket + " is denied to the credentials from " +
                   credentials_source_ + " (" + detail +

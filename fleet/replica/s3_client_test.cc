@@ -250,6 +250,14 @@ TEST_F(ErrorLines, wrong_credentials_are_a_configuration_error_naming_where_they
   EXPECT_EQ(Of(403, "").code(), Code::kFailedPrecondition);  // a HEAD's 403 has no body
 }
 
+TEST_F(ErrorLines, a_skewed_clock_is_named_as_such_not_as_wrong_credentials) {
+  Status st = Of(403, ErrorXml("RequestTimeTooSkewed"));
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("clock"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("denied"), std::string::npos) << st.message();
+  NamesBucketAndEndpoint(st);
+}
+
 TEST_F(ErrorLines, a_missing_bucket_is_named) {
   Status st = Of(404, ErrorXml("NoSuchBucket", "<BucketName>bucket</BucketName>"));
   EXPECT_EQ(st.code(), Code::kFailedPrecondition);

@@ -439,14 +439,11 @@ Result<std::shared_ptr<Destination>> OpenDestination(std::string_view url,
   FLEETFS_RETURN_IF_ERROR(ValidateDestinationUrl(url));
   if (url.starts_with(s3::kS3Scheme)) {
     s3::S3DestinationOptions s3_options;
-    if (options.retry_wait_cap.count() > 0 && options.retry_wait_cap < s3_options.retry.cap) {
-      // Shorter waits, as many more attempts: a request still rides out a
-      // throttling spell as long as the default policy would (its waits can
-      // add up to about 16 s); the call's deadline bounds it all.
-      const auto cap = std::max<std::int64_t>(1, options.retry_wait_cap.count());
-      s3_options.retry.cap = options.retry_wait_cap;
-      s3_options.retry.max_attempts = static_cast<int>(
-          std::clamp<std::int64_t>(2 * 16'000 / cap, s3_options.retry.max_attempts, 64));
+    if (options.retry_wait_cap.count() > 0) {
+      // Only waits after no answer: a store that asks to slow down gets the
+      // full backoff, however short the sync interval. A call that fails
+      // leaves its object pending for the next round, so no more attempts.
+      s3_options.retry.unanswered_cap = options.retry_wait_cap;
     }
     return s3::OpenS3Destination(url, options.s3, std::move(s3_options));
   }

@@ -107,8 +107,9 @@ struct DestinationOptions {
   // offers O_TMPFILE (files without a name); for tests of that path.
   bool named_temps_only = false;
   S3Settings s3;  // s3:// only
-  // s3://: the longest wait between two attempts of one request (0: the
-  // client's own cap, 5 s). The agent passes its sync interval: a request
+  // s3://: the longest wait between two attempts of one request when the
+  // first got no answer (0: the client's own cap, 5 s; throttling answers
+  // always get the full backoff). The agent passes its sync interval: a request
   // retried through an outage tries again within an interval of the store's
   // return, so what waited ships within two intervals (issue 12), not after
   // a backoff several intervals long.

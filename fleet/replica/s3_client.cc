@@ -413,7 +413,11 @@ Result<S3Response> S3Client::Call(S3Request request, const BodySink* sink) {
                          (r.ok() ? "HTTP " + std::to_string(r->status) : r.status().message()));
     }
     if (attempt >= policy_.max_attempts) return r;
-    Millis wait = BackoffDelay(policy_, attempt, Random());
+    RetryPolicy policy = policy_;
+    if (!r.ok() && policy.unanswered_cap.count() > 0) {
+      policy.cap = std::min(policy.cap, policy.unanswered_cap);
+    }
+    Millis wait = BackoffDelay(policy, attempt, Random());
     if (clock_.Now() + wait >= deadline) return r;  // no attempt would have time left
     sleep_(wait);
   }

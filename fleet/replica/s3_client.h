@@ -107,6 +107,12 @@ struct RetryPolicy {
   int max_attempts = 8;
   Millis base{100};
   Millis cap{5'000};
+  // When set, the longest wait after an attempt that got no answer (the
+  // store unreachable or resetting): the agent passes its sync interval, so
+  // a request retried through an outage tries again within an interval of
+  // the store's return. Answers that ask to slow down (503, SlowDown, 429)
+  // keep the full backoff.
+  Millis unanswered_cap{0};
   // All attempts of one call, waits included: no call holds its caller
   // (the shipper, a stop's last flush) longer than this.
   Millis call_deadline{300'000};

@@ -127,6 +127,33 @@ TEST_F(ClientTest, retries_outages_throttling_and_conflicts_then_succeeds) {
   EXPECT_EQ(sleeps_.size(), 7u);
 }
 
+TEST_F(ClientTest, the_unanswered_cap_shortens_waits_after_no_answer_not_after_throttling) {
+  RetryPolicy p;
+  p.base = Millis(1000);
+  p.cap = Millis(5000);
+  p.unanswered_cap = Millis(10);
+  p.max_attempts = 40;
+  auto c = Make(p);
+  for (int i = 0; i < 20; ++i) Then(Unavailable("connection reset"));
+  for (int i = 0; i < 19; ++i) Then(Answer(503, ErrorXml("SlowDown")));
+  Then(Answer(200));
+  ASSERT_TRUE(c->Call(Put()).ok());
+  ASSERT_EQ(sleeps_.size(), 39u);
+  Millis after_no_answer{0};
+  Millis after_slowdown{0};
+  for (std::size_t i = 0; i < sleeps_.size(); ++i) {
+    if (i < 20) {
+      EXPECT_LE(sleeps_[i], Millis(10)) << i;
+      after_no_answer += sleeps_[i];
+    } else {
+      after_slowdown += sleeps_[i];
+    }
+  }
+  // Full jitter under a 5 s cap: 19 waits come to seconds, not 19 x 10 ms.
+  EXPECT_GT(after_slowdown, Millis(5000));
+  EXPECT_LE(after_no_answer, Millis(200));
+}
+
 TEST_F(ClientTest, does_not_retry_refusals) {
   for (long status : {400L, 403L, 404L, 412L, 301L}) {
     auto c = Make();

@@ -172,13 +172,16 @@ class S3Destination final : public Destination {
     // and end the transfer there, not at the end of a snapshot.
     // (Only then: ending a transfer closes its connection, and a store that
     // honours Range sends no more than n.)
+    // A store that sends more than the range asked for ends there too.
     bool enough = false;
     long status = 0;
+    std::uint64_t received = 0;
     r.on_head = [&](const S3Response& h) { status = h.status; };
     BodySink keep = [&](std::string_view piece) {
+      received += piece.size();
       std::size_t take = std::min(piece.size(), n - out.size());
       out.append(piece.substr(0, take));
-      if (out.size() < n || status != 200) return Status::Ok();
+      if (out.size() < n || (status != 200 && received <= n)) return Status::Ok();
       enough = true;
       return Status(Code::kInternal, "enough");  // ends the transfer
     };
@@ -284,9 +287,16 @@ class S3Destination final : public Destination {
       return client_->Call(std::move(r));
     };
     auto first = create();
-    if (!first.ok()) return first.status().WithContext(client_->where() + ": " + what);
-    // A 412 after a retry: the first attempt landed and its answer was lost.
-    if (first->status / 100 != 2 && !(first->status == 412 && first->attempts > 1)) {
+    if (!first.ok()) {
+      (void)Delete(Key(path));  // it may have landed
+      return first.status().WithContext(client_->where() + ": " + what);
+    }
+    // A 412 after a retry: the first attempt may have landed and its answer
+    // been lost; the object must be there (a store refusing every
+    // conditional PUT would refuse every create).
+    if (first->status / 100 != 2 &&
+        !(first->status == 412 && first->attempts > 1 && Size(path).ok())) {
+      (void)Delete(Key(path));
       return client_->ErrorOf(*first, what);
     }
     auto second = create();
@@ -325,7 +335,15 @@ class S3Destination final : public Destination {
       // The name is new: a 412 is only right when an earlier attempt of this
       // very completion landed. A store that refuses every conditional
       // completion would refuse every large snapshot.
-      if (Size(path).ok()) first = Status::Ok();
+      if (Size(path).ok()) {
+        first = Status::Ok();
+      } else {
+        first = Status(Code::kFailedPrecondition,
+                       client_->where() +
+                           " refused the conditional completion of a multipart upload of a new "
+                           "name (412 for an object that is not there); fleetfs creates large "
+                           "snapshots that way");
+      }
     }
     if (!first.ok()) {
       (void)Delete(Key(path));  // it may have landed

@@ -78,6 +78,7 @@ class FakeS3 {
   std::vector<std::string> extra_list_keys;  // hostile: added to every listing page
   bool repeat_token = false;                 // hostile: the same token forever
   bool ignore_range = false;
+  bool answer_206_when_ignoring_range = false;  // and says 206 all the same
   // A GET's body breaks off after this many bytes (0: never), breaks_left times.
   std::size_t break_get_after = 0;
   int breaks_left = 0;
@@ -215,6 +216,9 @@ class FakeS3 {
       content_range = "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" +
                       std::to_string(body.size());
       body = body.substr(first, last + 1 - first);
+      status = 206;
+    }
+    if (ignore_range && answer_206_when_ignoring_range && headers.count("Range") > 0) {
       status = 206;
     }
     if (sink != nullptr) {
@@ -945,6 +949,39 @@ TEST_F(S3DestinationTest, a_store_that_refuses_every_conditional_completion_is_r
   Status st = d->Probe();
   EXPECT_FALSE(st.ok());
   EXPECT_TRUE(s3_.objects.empty());
+}
+
+TEST_F(S3DestinationTest, a_store_refusing_every_conditional_put_fails_the_probe_after_a_retry) {
+  // The first attempt meets a 503, the retry a 412 for an object that is not
+  // there: that is not "our first attempt landed".
+  int puts = 0;
+  s3_.intercept = [&](const S3Request& r, FakeS3&) -> std::optional<Result<S3Response>> {
+    if (r.method != "PUT" || r.path_and_query.find('?') != std::string::npos) return std::nullopt;
+    if (++puts == 1) return Result<S3Response>(Answer(503, ErrorXml("SlowDown")));
+    return Result<S3Response>(Answer(412, ErrorXml("PreconditionFailed")));
+  };
+  auto d = Open();
+  Status st = d->Probe();
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(s3_.objects.empty());
+}
+
+TEST_F(S3DestinationTest, a_head_read_ends_when_a_ranged_answer_sends_more_than_asked) {
+  s3_.objects["fleet/k/o"] = std::string(3000, 'x');
+  std::size_t pieces = 0;
+  s3_.on_piece = [&] { ++pieces; };
+  // A 206 whose body is the whole object.
+  s3_.intercept = [&](const S3Request& r, FakeS3& s3) -> std::optional<Result<S3Response>> {
+    if (r.method != "GET") return std::nullopt;
+    s3.ignore_range = true;
+    return std::nullopt;
+  };
+  s3_.answer_206_when_ignoring_range = true;
+  auto d = Open();
+  auto head = d->GetHead("k/o", 6);
+  ASSERT_TRUE(head.ok()) << head.status().message();
+  EXPECT_EQ(*head, "xxxxxx");
+  EXPECT_LE(pieces, 3u);
 }
 
 }  // namespace

@@ -367,8 +367,9 @@ def retention_cycles(binary, root, agents, replicas, snapshot_s, retention_s, cy
     segments = per_cycle["create"] - snaps
     # On the wire a LIST is a GET: what the GETs hold beyond the agent's
     # gets, header reads and lists are listings inside other calls.
-    hidden_lists = (wire.get("GET", 0) - per_cycle["get"] - per_cycle["head"] - per_cycle["list"]
-                    if proxy else 0.0)
+    # (Means of counts: a tiny negative difference is rounding, not a count.)
+    hidden_lists = (max(0.0, wire.get("GET", 0) - per_cycle["get"] - per_cycle["head"]
+                        - per_cycle["list"]) if proxy else 0.0)
     removed = per_cycle["remove"]
     lines = [
         f"5. the snapshot and its retention pass, scaled down: one tenant committing once per "

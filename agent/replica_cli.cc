@@ -512,9 +512,15 @@ int RunReplicaVerify(const ReplicaArgs& args, std::ostream& out, std::ostream& e
   UniqueFd fd(::mkstemp(path.data()));
   if (!fd.valid()) return Fail(err, ErrnoStatus("making a temporary file in " + tmpl, errno));
   std::string file(path.data());
+  // The sidecars too: a read-only connection to a copy in WAL mode leaves
+  // its -wal and -shm behind (it may not remove them), one pair a verify.
   struct Cleanup {
     std::string f;
-    ~Cleanup() { ::unlink(f.c_str()); }
+    ~Cleanup() {
+      for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+        ::unlink((f + suffix).c_str());
+      }
+    }
   } cleanup{file};
   // The newest state again, through the restore: it checks each object's
   // body (the snapshot's stream, every segment's transactions) and applies them.

@@ -255,6 +255,36 @@ TEST_F(ReplicaCli, verify_reads_the_whole_chain_restores_the_newest_state_and_ch
                          "  integrity   PRAGMA integrity_check: ok\n");
 }
 
+TEST_F(ReplicaCli, verify_of_a_wal_database_leaves_nothing_in_the_temporary_directory) {
+  Database db(dir_.File("work.db"));
+  {
+    // WAL in the header: the restored copy opens in WAL mode, and a
+    // read-only connection leaves its -wal and -shm behind when it closes.
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(dir_.File("work.db").c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  WriteDatabaseLog(*log_, db);
+  const std::string tmp = dir_.File("tmp");
+  std::filesystem::create_directories(tmp);
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  const Ran ran = Verify();
+  if (old) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+    left.push_back(e.path().filename().string());
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " left, first " << left.front();
+}
+
 TEST_F(ReplicaCli, verify_names_a_damaged_object_even_before_the_newest_snapshot) {
   Database db(dir_.File("work.db"));
   WriteDatabaseLog(*log_, db);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "fleet/curl_tls.h"
 #include "lease/bounded_json.h"
 #include "lease/owner_id.h"
 
@@ -195,28 +196,6 @@ std::size_t Collect(char* data, std::size_t size, std::size_t count, void* user)
   return n;
 }
 
-bool IsTlsError(CURLcode code) {
-  switch (code) {
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_CIPHER:
-    case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_SSL_ENGINE_NOTFOUND:
-    case CURLE_SSL_ENGINE_SETFAILED:
-    case CURLE_SSL_ENGINE_INITFAILED:
-    case CURLE_SSL_CRL_BADFILE:
-    case CURLE_SSL_ISSUER_ERROR:
-    case CURLE_SSL_SHUTDOWN_FAILED:
-    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
-    case CURLE_SSL_INVALIDCERTSTATUS:
-    case CURLE_USE_SSL_FAILED:
-    case CURLE_SSL_CLIENTCERT:
-      return true;
-    default:
-      return false;
-  }
-}
 
 class CurlTransport final : public EtcdTransport {
  public:
@@ -275,7 +254,7 @@ class CurlTransport final : public EtcdTransport {
                         tls_.key + " could not be loaded (" + detail +
                         "); a key protected by a passphrase is not supported");
     }
-    if (IsTlsError(code)) {
+    if (IsCurlTlsError(code)) {
       // Not Unavailable: going round the endpoints again will not mend it.
       return Status(Code::kFailedPrecondition, "TLS with " + who + " failed: " + detail +
                          "; an etcds:// store needs members that serve TLS, with certificates "

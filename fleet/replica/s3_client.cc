@@ -8,6 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include "fleet/curl_tls.h"
+
 namespace fleetfs::replica::s3 {
 namespace {
 
@@ -146,27 +148,6 @@ int OnSeek(void* user, curl_off_t offset, int origin) {
   return CURL_SEEKFUNC_OK;
 }
 
-bool IsTlsError(CURLcode code) {
-  switch (code) {
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_CIPHER:
-    case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_SSL_ENGINE_NOTFOUND:
-    case CURLE_SSL_ENGINE_SETFAILED:
-    case CURLE_SSL_ENGINE_INITFAILED:
-    case CURLE_SSL_CRL_BADFILE:
-    case CURLE_SSL_ISSUER_ERROR:
-    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
-    case CURLE_SSL_INVALIDCERTSTATUS:
-    case CURLE_USE_SSL_FAILED:
-    case CURLE_SSL_CLIENTCERT:
-      return true;
-    default:
-      return false;
-  }
-}
 
 class CurlS3Transport final : public S3Transport {
  public:
@@ -292,7 +273,7 @@ class CurlS3Transport final : public S3Transport {
       return DataLoss(who + " answered " + request.method + " with more than " +
                       std::to_string(kMaxXmlBytes >> 20) + " MiB where S3 sends XML; refused");
     }
-    if (IsTlsError(code)) {
+    if (IsCurlTlsError(code)) {
       return Status(Code::kFailedPrecondition,
                     "TLS with " + who + " failed: " + detail +
                         " (the endpoint's certificate must verify with the system's CAs)");

@@ -174,8 +174,17 @@ class Replication(MountTest):
         src = os.path.join(agent.backing, rel)
         dst = os.path.join(self.root, f"{agent.name}-local-{os.path.basename(rel)}")
         shutil.copyfile(src, dst)
-        if os.path.exists(src + "-wal"):
-            shutil.copyfile(src + "-wal", dst + "-wal")
+        # A kill in the middle of a rollback-journal commit leaves a hot
+        # journal beside a half-written file: the copy needs it, and a
+        # read-write open, for SQLite to roll back to the last commit.
+        for sidecar in ("-wal", "-journal"):
+            if os.path.exists(src + sidecar):
+                shutil.copyfile(src + sidecar, dst + sidecar)
+        db = sqlite3.connect(dst)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            db.close()
         return rows(dst)[0]
 
     def log_summary(self, tenant):

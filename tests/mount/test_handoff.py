@@ -12,7 +12,9 @@ import time
 
 from harness import BINARY, MountTest, slots, tenants_in, wait_for
 
-TTL_S = 6
+# The pause does not depend on the ttl (the target claims on the offer);
+# FLEETFS_HANDOFF_TTL_S=30 measures it at the default ttl (docs/BENCHMARKS.md).
+TTL_S = int(os.environ.get("FLEETFS_HANDOFF_TTL_S", "6"))
 SYNC_S = 0.2
 HANDOVERS = 20
 ALL = "0-16383"

@@ -435,6 +435,8 @@ only the files of the slots this host serves now are visible, and whose open
 files are fenced the moment a range's lease lapses. With --replica, every
 commit ships to a replica, and a missing or stale tenant file is restored
 from it before it is exposed; 'fleetfs replica' and 'fleetfs restore' read it.
+'fleetfs handoff' and 'fleetfs drain' hand ranges to another agent for
+maintenance, shipping every commit first.
 
 EXIT STATUS
   0  success (mount: stopped cleanly by SIGTERM or SIGINT)
@@ -448,6 +450,7 @@ EXIT STATUS
      waits up to a ttl before it can claim them; the message says why
   6  where: a key's slot is served by nobody now (not claimed, or the lease
      lapsed)
+  7  handoff, drain: the target did not claim within --timeout
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
@@ -455,6 +458,7 @@ EXAMPLES
   fleetfs slot acme
   fleetfs where acme --store sqlite:///var/lib/fleetfs/control.db
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
+  fleetfs handoff 0-8191 --to host-b --mount /mnt/fleet
 
 Run 'fleetfs COMMAND --help' for each command.
 )";

@@ -272,3 +272,21 @@ class Handoff(MountTest):
         r = self.cli("drain", "--undo", "--mount", a.mount)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         a.wait_states("waiting", timeout=TTL_S * 2)
+
+    def test_an_offer_nobody_takes_holds_others_off_for_one_ttl_and_shows_in_the_store(self):
+        a, b = self.pair()
+        r = self.cli("handoff", ALL, "--to", "host-z", "--mount", a.mount, "--timeout", "0.5")
+        self.assertEqual(r.returncode, 7, r.stdout + r.stderr)
+        self.assertIn("'host-z' did not claim range 0-16383", r.stderr)
+        ls = self.cli("lease", "ls", "--store", self.store)
+        self.assertIn("host-a (offered to host-z)", ls.stdout, ls.stdout + ls.stderr)
+        where = self.cli("where", "acme", "--store", self.store)
+        self.assertEqual(where.returncode, 6, where.stdout + where.stderr)
+        self.assertIn("(nobody: offered to host-z)", where.stdout)
+        # B's next claim is refused naming the target: the offer is not its to take.
+        wait_for(lambda: b.status()["ranges"][0].get("held_by", {}).get("owner") == "host-z",
+                 TTL_S, "B refused, the range offered to host-z", on_fail=b.log_tail)
+        self.assertEqual(b.states(), ["waiting"])
+        # After the window (one ttl) anyone may claim: B does, A does not.
+        b.wait_states("serving", timeout=TTL_S * 3)
+        self.assertEqual(a.states(), ["handed-off"])

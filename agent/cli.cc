@@ -835,7 +835,7 @@ EXAMPLES
 
 constexpr const char* kDrainFooter = R"(
 Maintenance: hands every range the agent serves to --to OWNER (as 'fleetfs
-handoff' does, one range at a time in parallel), or, with no --to, releases
+handoff' does, all its ranges at once), or, with no --to, releases
 them all so that any agent may claim them. The ranges it does not serve are
 parked too. A drained agent claims none of its ranges again until
 'fleetfs drain --undo' (or a restart, or a handoff back to it); it keeps

@@ -8,6 +8,8 @@
 #include <uv.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,7 @@
 
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
+#include "agent/handoff.h"
 #include "agent/lifecycle.h"
 #include "agent/report.h"
 #include "agent/stale_mount.h"
@@ -59,6 +62,12 @@ void RaiseOpenFileLimit() {
 // cheap enough to do often, so a failing volume is acted on within a second.
 constexpr Millis kBackingCheck{200};
 
+// How often a host that does not hold one of its ranges looks for an offer
+// to itself (a handoff's target): one cheap read of those ranges' rows.
+constexpr Millis kOfferPoll{150};
+// How long a request on .fleetfs/control waits for the loop to answer.
+constexpr Millis kControlAnswer{5000};
+
 int ExitCodeFor(const Status& status) {
   return status.code() == Code::kInvalidArgument ? 2 : 1;
 }
@@ -68,7 +77,9 @@ class Agent {
   explicit Agent(const AgentConfig& config)
       : config_(config),
         lifecycle_(LifecycleOptions{config.ttl, config.shutdown_grace}),
-        backing_watch_(BackingWatchOptions{config.backing}) {}
+        backing_watch_(BackingWatchOptions{config.backing}),
+        handoffs_(HandoffOptions{config.shutdown_grace, config.ttl * 2 / 3}),
+        offer_watch_(kOfferPoll) {}
   int Run(std::ostream& err);
 
  private:
@@ -92,7 +103,28 @@ class Agent {
     ProbeResult result;  // written on the pool, read after it
   };
 
+  // The fences and the final flush of one range being handed off.
+  struct RangeStopWork {
+    uv_work_t req{};
+    Agent* agent = nullptr;
+    SlotRange range = SlotRange::All();
+    Millis flush_limit{0};
+    bool all_shipped = true;  // written on the pool, read after it
+  };
+
   void Post(lease::Refresher::Task task);  // any thread
+  // Runs `task` on the loop thread (any thread may call it).
+  void OnLoop(std::function<void()> task);
+  // A request written to .fleetfs/control, on a FUSE thread: answered by
+  // the loop within kControlAnswer.
+  vfs::MountOptions::ControlReply Control(std::string_view text);
+  vfs::MountOptions::ControlReply HandleControl(const ControlRequest& request);
+  // The handoffs' part of a step: their timers, the releases, offers seen.
+  void StepHandoffs(MonoTime now);
+  void ApplyHandoff(HandoffActions actions);
+  void StartRangeStopWork(SlotRange range);
+  void SendHandoffRelease(SlotRange range);
+  void StartOfferRead();
   void RunPosted();
   void Step();
   // Carries out what the lifecycle decided, then arms the timer.
@@ -143,8 +175,9 @@ class Agent {
   std::shared_ptr<const vfs::ServingView> published_;
   std::unique_ptr<AdminServer> admin_;
 
-  std::mutex posted_mu_;  // guards posted_; never held across I/O
+  std::mutex posted_mu_;  // guards posted_ and on_loop_; never held across I/O
   std::vector<lease::Refresher::Task> posted_;
+  std::vector<std::function<void()>> on_loop_;
 
   // Loop thread only.
   Lifecycle lifecycle_;
@@ -153,6 +186,10 @@ class Agent {
   int work_in_flight_ = 0;
   bool stop_work_running_ = false;
   MonoTime next_refresh_{};
+  Handoffs handoffs_;
+  OfferWatch offer_watch_;
+  MonoTime handoff_wake_ = MonoTime::max();
+  bool claim_now_ = false;  // an offer to this host was seen: refresh at once
 
   // Mirrors of loop-thread state for readers on other threads (the status
   // files are made on FUSE threads).
@@ -163,6 +200,7 @@ class Agent {
   mutable std::mutex backing_mu_;  // guards the two below; never held across I/O
   BackingReport backing_report_;
   std::string failure_;  // the lifecycle's failure(): why the agent stood down
+  std::vector<HandoffStatus> handoff_status_;  // guarded by backing_mu_: handoffs_.Report()
   std::mutex failures_mu_;  // guards last_failures_; never held across I/O
   std::map<SlotRange, std::string> last_failures_;
 };
@@ -184,10 +222,15 @@ void Agent::RunPosted() {
     if (lifecycle_.phase() == Phase::kStopped) return;
   }
   std::vector<lease::Refresher::Task> tasks;
+  std::vector<std::function<void()>> on_loop;
   {
     std::lock_guard lock(posted_mu_);
     tasks.swap(posted_);
+    on_loop.swap(on_loop_);
   }
+  for (auto& task : on_loop) task();
+  if (lifecycle_.phase() == Phase::kStopped) return;
+  if (!on_loop.empty()) Step();  // what they changed may change what is served
   for (auto& task : tasks) {
     auto* work = new Work;
     work->task = std::move(task);
@@ -210,7 +253,8 @@ void Agent::RunPosted() {
 
 std::shared_ptr<const vfs::ServingView> Agent::BuildView() {
   const MonoTime now = mono_.Now();
-  ServingChange change = plan_.Update(refresher_->Status(), lifecycle_.serves(), now);
+  ServingChange change = plan_.Update(refresher_->Status(), lifecycle_.serves(), now,
+                                      handoffs_.draining(), handoffs_.withheld());
   for (const PlannedRange& p : change.started) {
     spdlog::info("serving range {} at epoch {} (local lease {} left)", p.range.ToString(),
                  p.epoch.value(),
@@ -231,7 +275,7 @@ std::shared_ptr<const vfs::ServingView> Agent::BuildView() {
   for (const PlannedRange& p : change.served) {
     served.push_back(vfs::ServedRange{p.range.first(), p.range.last(),
                                       vfs::ServingToken{p.epoch.value(), p.period},
-                                      p.valid_until});
+                                      p.valid_until, p.accepting});
   }
   auto view = vfs::ServingView::Make(std::move(served), lifecycle_.admits_new_opens());
   if (!view.ok()) {
@@ -265,8 +309,12 @@ void Agent::Step() {
   if (lifecycle_.phase() == Phase::kStopped) return;
   const MonoTime now = mono_.Now();
   refresher_->Tick();  // ends a refresh past its time limit; the listener counts it
-  if (lifecycle_.renews() && !refresher_->refresh_open() && now >= next_refresh_) {
-    if (refresher_->Start()) next_refresh_ = now + config_.ttl / 3;
+  StepHandoffs(now);
+  if (lifecycle_.renews() && !refresher_->refresh_open() && (now >= next_refresh_ || claim_now_)) {
+    if (refresher_->Start()) {
+      next_refresh_ = now + config_.ttl / 3;
+      claim_now_ = false;
+    }
   }
   Apply(lifecycle_.Step(mono_.Now(), Observe()));
 }
@@ -304,7 +352,10 @@ void Agent::Arm(MonoTime wake) {
   if (lifecycle_.phase() == Phase::kStopped) return;
   MonoTime next = wake;
   if (lifecycle_.renews()) {
-    next = std::min({next, refresher_->NextWake(), next_refresh_});
+    next = std::min({next, refresher_->NextWake(), next_refresh_, handoff_wake_});
+    if (lifecycle_.phase() == Phase::kServing) {
+      next = std::min(next, offer_watch_.next(refresher_->UnheldRanges()));
+    }
   } else if (refresher_->refresh_open()) {
     next = std::min(next, refresher_->NextWake());  // to end it at its time limit
   }
@@ -317,6 +368,221 @@ void Agent::Arm(MonoTime wake) {
   // libuv's clock has millisecond steps; waking 1 ms late beats waking early.
   uv_timer_start(&wake_, [](uv_timer_t* t) { static_cast<Agent*>(t->data)->Step(); },
                  static_cast<std::uint64_t>(std::max<std::int64_t>(delay, 0)) + 1, 0);
+}
+
+// ---- planned handovers ----
+
+void Agent::OnLoop(std::function<void()> task) {
+  {
+    std::lock_guard lock(posted_mu_);
+    on_loop_.push_back(std::move(task));
+  }
+  uv_async_send(&posted_async_);
+}
+
+vfs::MountOptions::ControlReply Agent::Control(std::string_view text) {
+  auto parsed = ParseControlRequest(text);
+  if (!parsed.ok()) {
+    spdlog::warn("control: refused a request: {}", parsed.status().message());
+    return {false, "error: " + parsed.status().message() + "\n"};
+  }
+  auto answer = std::make_shared<std::promise<vfs::MountOptions::ControlReply>>();
+  std::future<vfs::MountOptions::ControlReply> future = answer->get_future();
+  OnLoop([this, request = *parsed, answer] { answer->set_value(HandleControl(request)); });
+  if (future.wait_for(kControlAnswer) != std::future_status::ready) {
+    return {false, "error: the agent's loop did not answer within " +
+                       lease::FormatDuration(kControlAnswer) + "; try again\n"};
+  }
+  return future.get();
+}
+
+vfs::MountOptions::ControlReply Agent::HandleControl(const ControlRequest& request) {
+  const std::string what = lease::Printable(FormatControlRequest(request));
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("control: refused '{}': {}", what.substr(0, what.size() - 1), why);
+    return vfs::MountOptions::ControlReply{false, "error: " + why + "\n"};
+  };
+  if (lifecycle_.phase() != Phase::kServing) {
+    return refuse("the agent is " + std::string(PhaseName(lifecycle_.phase())) +
+                  "; handoffs and drains run only while it serves");
+  }
+  const MonoTime now = mono_.Now();
+  const auto status = refresher_->Status();
+  std::vector<SlotRange> started;
+  switch (request.verb) {
+    case ControlRequest::Verb::kUndo: {
+      std::vector<SlotRange> undone = handoffs_.Undo();
+      for (SlotRange r : undone) refresher_->Unpark(r);
+      // Ranges parked by a drain with nothing held have no handoff entry.
+      for (const auto& st : status) refresher_->Unpark(st.range);
+      claim_now_ = true;
+      spdlog::info("control: drain undone; claiming the configured ranges again");
+      Step();
+      return {true, "ok: the configured ranges are claimed again\n"};
+    }
+    case ControlRequest::Verb::kHandoff:
+    case ControlRequest::Verb::kDrain: {
+      if (request.to && !refresher_->store().keeps_offers()) {
+        return refuse("the store " + refresher_->store().url() +
+                      " keeps no offers, so a handoff to an owner is not possible there; "
+                      "'fleetfs drain' without --to releases the ranges instead");
+      }
+      if (request.verb == ControlRequest::Verb::kHandoff) {
+        const Status ok = handoffs_.Request(now, *request.range, request.to, status,
+                                            refresher_->owner());
+        if (!ok.ok()) return refuse(ok.message());
+        started.push_back(*request.range);
+      } else {
+        for (const auto& st : status) {
+          if (!st.serving) {
+            // Not served here: parked at once, so it is not claimed until undone.
+            if (!refresher_->parked(st.range)) {
+              const SlotRange range = st.range;
+              auto parked = refresher_->StartHandoff(range, std::nullopt, [range](Result<bool> r) {
+                if (!r.ok()) spdlog::warn("drain: release of range {}: {}", range.ToString(),
+                                          r.status().message());
+              });
+              if (parked.ok() && *parked == lease::Refresher::HandoffSend::kWait) {
+                return refuse("range " + range.ToString() +
+                              " has a store call running; try again in a moment");
+              }
+            }
+            continue;
+          }
+          const Status ok = handoffs_.Request(now, st.range, request.to, status,
+                                              refresher_->owner());
+          if (!ok.ok()) return refuse(ok.message());
+          started.push_back(st.range);
+        }
+      }
+      std::string ranges;
+      for (SlotRange r : started) ranges += (ranges.empty() ? "" : ",") + r.ToString();
+      const std::string to = request.to ? "to '" + request.to->str() + "'" : "(released)";
+      spdlog::info("control: handing off range(s) {} {}: no new opens; open handles get up to {} "
+                   "to close",
+                   ranges.empty() ? "(none served)" : ranges, to,
+                   lease::FormatDuration(config_.shutdown_grace));
+      Publish();
+      Step();
+      return {true, "ok: handing off " + (ranges.empty() ? std::string("no range") : ranges) +
+                        " " + to + "\n"};
+    }
+  }
+  return refuse("unknown request");
+}
+
+void Agent::StepHandoffs(MonoTime now) {
+  handoff_wake_ = MonoTime::max();
+  if (lifecycle_.phase() == Phase::kServing) {
+    ApplyHandoff(handoffs_.Step(now, [this](SlotRange r) {
+      return fs_ ? fs_->OpenHandlesIn(r.first(), r.last()) : std::size_t{0};
+    }));
+    if (offer_watch_.Due(now, refresher_->UnheldRanges())) StartOfferRead();
+  }
+  std::lock_guard lock(backing_mu_);
+  handoff_status_ = handoffs_.Report();
+}
+
+void Agent::ApplyHandoff(HandoffActions actions) {
+  for (const LogLine& line : actions.log) {
+    switch (line.level) {
+      case LogLine::Level::kInfo: spdlog::info("{}", line.text); break;
+      case LogLine::Level::kWarn: spdlog::warn("{}", line.text); break;
+      case LogLine::Level::kError: spdlog::error("{}", line.text); break;
+    }
+  }
+  if (actions.publish) Publish();
+  for (SlotRange r : actions.stop_work) StartRangeStopWork(r);
+  for (SlotRange r : actions.release) SendHandoffRelease(r);
+  handoff_wake_ = std::min(handoff_wake_, actions.wake);
+  std::lock_guard lock(backing_mu_);
+  handoff_status_ = handoffs_.Report();
+}
+
+void Agent::StartRangeStopWork(SlotRange range) {
+  // The view that withdraws the range was published just before: after the
+  // fence, nothing reaches its backing files. The lease is renewed meanwhile,
+  // and HostOwnership still counts the range served, so the shipper may
+  // still snapshot its tenants.
+  auto* work = new RangeStopWork;
+  work->agent = this;
+  work->range = range;
+  work->req.data = work;
+  work->flush_limit = config_.ttl * 2 / 3;
+  ++work_in_flight_;
+  uv_queue_work(
+      &loop_, &work->req,
+      [](uv_work_t* req) {
+        auto* w = static_cast<RangeStopWork*>(req->data);
+        Agent* agent = w->agent;
+        if (agent->fs_) agent->fs_->WaitForFences();
+        if (agent->replicator_) {
+          w->all_shipped = agent->replicator_->FlushRange(
+              agent->mono_.Now() + w->flush_limit, w->range.first(), w->range.last());
+        }
+      },
+      [](uv_work_t* req, int) {
+        std::unique_ptr<RangeStopWork> w(static_cast<RangeStopWork*>(req->data));
+        Agent* agent = w->agent;
+        --agent->work_in_flight_;
+        if (agent->lifecycle_.phase() == Phase::kStopped) return;
+        agent->ApplyHandoff(
+            agent->handoffs_.StopWorkDone(agent->mono_.Now(), w->range, w->all_shipped));
+        agent->Arm(MonoTime::max());
+      });
+}
+
+void Agent::SendHandoffRelease(SlotRange range) {
+  std::optional<lease::OwnerId> to;
+  for (const HandoffStatus& h : handoffs_.Report()) {
+    if (h.range == range && !h.to.empty()) to = *lease::OwnerId::Make(h.to);
+  }
+  auto sent = refresher_->StartHandoff(range, to, [this, range](Result<bool> answer) {
+    OnLoop([this, range, answer = std::move(answer)] {
+      ApplyHandoff(handoffs_.Released(mono_.Now(), range, true, answer));
+      Publish();
+      Arm(MonoTime::max());
+    });
+  });
+  if (!sent.ok()) {
+    ApplyHandoff(handoffs_.Released(mono_.Now(), range, true, sent.status()));
+    return;
+  }
+  switch (*sent) {
+    case lease::Refresher::HandoffSend::kWait:
+      ApplyHandoff(handoffs_.ReleaseWaits(mono_.Now(), range));
+      break;
+    case lease::Refresher::HandoffSend::kNothingHeld:
+      ApplyHandoff(handoffs_.Released(mono_.Now(), range, false, true));
+      break;
+    case lease::Refresher::HandoffSend::kSent: break;
+  }
+}
+
+void Agent::StartOfferRead() {
+  const std::vector<SlotRange> unheld = refresher_->UnheldRanges();
+  std::vector<Slot> slots;
+  for (SlotRange r : unheld) {
+    slots.push_back(r.first());
+    slots.push_back(r.last());
+  }
+  Post([this, unheld, slots] {
+    lease::OwnershipStore& store = refresher_->store();
+    Result<lease::OwnershipTable> table = store.ReadSlots(slots);
+    const std::int64_t store_now = store.NowMs();
+    OnLoop([this, unheld, table = std::move(table), store_now] {
+      const std::vector<SlotRange> offered =
+          offer_watch_.Answered(table, unheld, refresher_->owner(), store_now);
+      for (SlotRange r : offered) {
+        if (refresher_->parked(r)) {
+          if (!handoffs_.Forget(r)) continue;  // still handing it off
+          refresher_->Unpark(r);
+        }
+        spdlog::info("range {} is offered to this agent: claiming it now", r.ToString());
+        claim_now_ = true;
+      }
+    });
+  });
 }
 
 // ---- start and stop ----
@@ -332,6 +598,7 @@ Status Agent::MountNow() {
   options.status_json = [this] { return DumpJson(StatusJson(Snapshot())) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
   options.hooks = replicator_.get();
+  options.control = [this](std::string_view text) { return Control(text); };
   options.on_session_end = [this] {
     session_ended_ = true;
     uv_async_send(&posted_async_);
@@ -512,6 +779,7 @@ AgentSnapshot Agent::Snapshot() const {
     std::lock_guard lock(backing_mu_);
     s.backing_volume = backing_report_;
     s.failure = failure_;
+    s.handoffs = handoff_status_;
   }
   if (replicator_) {
     s.replica = config_.replica;

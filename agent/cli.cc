@@ -17,6 +17,7 @@
 
 #include "agent/agent.h"
 #include "agent/config.h"
+#include "agent/handoff_cli.h"
 #include "agent/replica_cli.h"
 #include "fleet/layout.h"
 #include "fleet/slot.h"
@@ -211,6 +212,11 @@ std::unique_ptr<lease::OwnershipStore> OpenToRead(const LeaseArgs& args, const W
   return std::move(store).value();
 }
 
+// A released row offered to one owner who alone may claim it for now.
+bool OfferStands(const lease::OwnershipRow& row, std::int64_t now) {
+  return row.offered_to && row.offer_expires_ms > now && row.lease_expires_ms <= now;
+}
+
 int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
   SystemWallClock clock;
   int code = kExitOk;
@@ -235,6 +241,10 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
                       {"lease_expires", lease::FormatWallTime(expires)},
                       {"left_ms", std::max<std::int64_t>(0, row.lease_expires_ms - now)},
                       {"lapsed", row.lease_expires_ms <= now}});
+      if (OfferStands(row, now)) {
+        rows.back()["offered_to"] = row.offered_to->str();
+        rows.back()["offer_left_ms"] = row.offer_expires_ms - now;
+      }
     }
     out << Dump({{"store", store->url()},
                  {"now_ms", frame.ToWallMs(now)},
@@ -246,8 +256,11 @@ int RunLeaseLs(const LeaseArgs& args, std::ostream& out, std::ostream& err) {
   std::vector<std::vector<std::string>> rows = {
       {"RANGE", "OWNER", "EPOCH", "LEASE EXPIRES", "LEFT"}};
   for (const auto& row : table->rows()) {
-    rows.push_back({row.range.ToString(), Printable(row.owner.str()), row.epoch.ToString(),
-                    LocalTime(frame.ToWallMs(row.lease_expires_ms)),
+    rows.push_back({row.range.ToString(),
+                    OfferStands(row, now) ? Printable(row.owner.str()) + " (offered to " +
+                                                Printable(row.offered_to->str()) + ")"
+                                          : Printable(row.owner.str()),
+                    row.epoch.ToString(), LocalTime(frame.ToWallMs(row.lease_expires_ms)),
                     TimeLeft(row.lease_expires_ms, now)});
   }
   out << "store " << store->url() << ", highest epoch granted " << table->last_epoch().value()
@@ -292,8 +305,9 @@ int RunLeaseChange(LeaseVerb verb, const LeaseArgs& args, std::ostream& out,
           : (*store)->Renew(range, owner, *checked->epoch, checked->ttl);
   if (!decision.ok()) return Fail(err, decision.status());
   if (const auto* held = std::get_if<Held>(&*decision)) {
-    err << "fleetfs: slot range " << held->range.ToString() << " is held by '"
-        << Printable(held->owner) << "' until "
+    err << "fleetfs: slot range " << held->range.ToString()
+        << (held->offered ? " is offered to '" : " is held by '") << Printable(held->owner)
+        << "' until "
         << LocalTime((*store)->ToWallMs(held->lease_expires_ms)) << "; claim again after that\n";
     return kExitHeld;
   }
@@ -353,9 +367,12 @@ int RunWhere(const std::vector<std::string>& keys, const LeaseArgs& args, std::o
       entry["lease_expires_ms"] = expires;
       entry["lease_expires"] = lease::FormatWallTime(expires);
       entry["left_ms"] = std::max<WallMs>(0, row->lease_expires_ms - now);
+      const bool offered = OfferStands(*row, now);
+      if (offered) entry["offered_to"] = row->offered_to->str();
       rows.push_back({Printable(key), std::to_string(slot), row->range.ToString(),
-                      served ? Printable(row->owner.str())
-                             : "(nobody: " + Printable(row->owner.str()) + "'s lease lapsed)",
+                      served    ? Printable(row->owner.str())
+                      : offered ? "(nobody: offered to " + Printable(row->offered_to->str()) + ")"
+                                : "(nobody: " + Printable(row->owner.str()) + "'s lease lapsed)",
                       row->epoch.ToString(), LocalTime(store->ToWallMs(row->lease_expires_ms)),
                       TimeLeft(row->lease_expires_ms, now)});
     }
@@ -418,6 +435,8 @@ only the files of the slots this host serves now are visible, and whose open
 files are fenced the moment a range's lease lapses. With --replica, every
 commit ships to a replica, and a missing or stale tenant file is restored
 from it before it is exposed; 'fleetfs replica' and 'fleetfs restore' read it.
+'fleetfs handoff' and 'fleetfs drain' hand ranges to another agent for
+maintenance, shipping every commit first.
 
 EXIT STATUS
   0  success (mount: stopped cleanly by SIGTERM or SIGINT)
@@ -431,6 +450,7 @@ EXIT STATUS
      waits up to a ttl before it can claim them; the message says why
   6  where: a key's slot is served by nobody now (not claimed, or the lease
      lapsed)
+  7  handoff, drain: the target did not claim within --timeout
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
@@ -438,6 +458,7 @@ EXAMPLES
   fleetfs slot acme
   fleetfs where acme --store sqlite:///var/lib/fleetfs/control.db
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
+  fleetfs handoff 0-8191 --to host-b --mount /mnt/fleet
 
 Run 'fleetfs COMMAND --help' for each command.
 )";
@@ -782,6 +803,50 @@ EXAMPLES
       --replica-endpoint http://127.0.0.1:9000 -o /tmp/acme.db
 )";
 
+constexpr const char* kHandoffFooter = R"(
+A planned handover of one range to another agent, with no commit lost. The
+agent serving RANGE stops new opens in it; open handles get the shutdown
+grace to close, then the rest are fenced; every commit of the range is
+shipped to the replica; then the range is released and offered to OWNER:
+for one ttl only OWNER may claim it. The target agent, which looks for
+offers to itself every 150 ms while it does not hold one of its ranges,
+claims it at once at a new epoch and serves it, restoring from the replica
+what it lacks. This command waits until OWNER holds the range in the store
+and prints how long the range was not served (from the request to the
+target's claim).
+
+RANGE must be exactly one of the agent's configured ranges, served now.
+Only root or the agent's own user may send the request (it goes through
+MOUNT/.fleetfs/control); the admin HTTP port does not take it. The agent
+that handed a range off does not claim it again unless it is offered back to
+it (a handoff back), 'fleetfs drain --undo' is run, or it restarts. A
+handoff whose commits cannot all be shipped in time is abandoned: the agent
+serves the range again, and this command exits 1. Needs a store that keeps
+offers (sqlite://).
+
+EXIT STATUS
+  0 the target holds the range   1 not running, refused, or abandoned
+  2 bad input                    7 the target did not claim within --timeout
+
+EXAMPLES
+  fleetfs handoff 0-8191 --to host-b --mount /mnt/fleet
+  fleetfs handoff 8192-16383 --to host-a --timeout 30
+)";
+
+constexpr const char* kDrainFooter = R"(
+Maintenance: hands every range the agent serves to --to OWNER (as 'fleetfs
+handoff' does, all its ranges at once), or, with no --to, releases
+them all so that any agent may claim them. The ranges it does not serve are
+parked too. A drained agent claims none of its ranges again until
+'fleetfs drain --undo' (or a restart, or a handoff back to it); it keeps
+running, mounted, serving nothing. Exit status as for 'fleetfs handoff'.
+
+EXAMPLES
+  fleetfs drain --to host-b          # before rebooting this host
+  fleetfs drain                      # release everything
+  fleetfs drain --undo               # take the ranges again
+)";
+
 constexpr const char* kStatusFooter = R"(
 Reads MOUNT/.fleetfs/status.json from a running agent and prints the owner,
 store and ttl, then one line per range: epoch; state (serving, waiting for
@@ -962,6 +1027,29 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   status->add_option("MOUNT", status_mount, "The agent's mount point")->default_str(kDefaultMount);
   status->add_flag("--json", status_json, "Print the status document as JSON");
 
+  std::string handoff_range, handoff_to, handoff_mount = kDefaultMount;
+  double handoff_timeout_s = 60;
+  auto* handoff = app.add_subcommand(
+      "handoff", "Hand one served range to another owner: drain, fence, ship, offer, wait");
+  handoff->footer(kHandoffFooter);
+  handoff->add_option("RANGE", handoff_range, "Exactly one of the agent's configured ranges, A-B")
+      ->required();
+  handoff->add_option("--to", handoff_to, "The owner id that takes the range")->required();
+  handoff->add_option("--mount", handoff_mount, "The agent's mount point")
+      ->default_str(kDefaultMount);
+  handoff->add_option("--timeout", handoff_timeout_s,
+                      "Seconds to wait for the target's claim (default 60)");
+  std::string drain_to, drain_mount = kDefaultMount;
+  double drain_timeout_s = 60;
+  bool drain_undo = false;
+  auto* drain = app.add_subcommand(
+      "drain", "Hand every served range to an owner, or release them all, for maintenance");
+  drain->footer(kDrainFooter);
+  drain->add_option("--to", drain_to, "The owner id that takes the ranges (default: release)");
+  drain->add_flag("--undo", drain_undo, "Let the drained ranges be claimed again");
+  drain->add_option("--mount", drain_mount, "The agent's mount point")->default_str(kDefaultMount);
+  drain->add_option("--timeout", drain_timeout_s, "Seconds to wait (default 60)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -1028,6 +1116,16 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return RunAgent(*config, err);
   }
   if (status->parsed()) return RunStatus(status_mount, status_json, out, err);
+  auto seconds = [](double s) { return Millis(static_cast<std::int64_t>(s * 1000)); };
+  if (handoff->parsed()) {
+    if (!(handoff_timeout_s > 0)) return Fail(err, InvalidArgument("--timeout must be above 0"));
+    return RunHandoff(handoff_range, handoff_to, handoff_mount, seconds(handoff_timeout_s), out,
+                      err);
+  }
+  if (drain->parsed()) {
+    if (!(drain_timeout_s > 0)) return Fail(err, InvalidArgument("--timeout must be above 0"));
+    return RunDrain(drain_to, drain_undo, drain_mount, seconds(drain_timeout_s), out, err);
+  }
   if (replica_ls->parsed()) return RunReplicaLs(rargs, out, err);
   if (replica_verify->parsed()) return RunReplicaVerify(rargs, out, err);
   if (restore_cmd->parsed()) return RunRestore(rargs, out, err);

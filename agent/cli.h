@@ -22,6 +22,7 @@ inline constexpr int kExitHeld = 3;
 inline constexpr int kExitLost = 4;
 // Not 5: that is kExitLapsed (agent/lifecycle.h).
 inline constexpr int kExitUnserved = 6;
+// 7: kExitHandoffTimedOut (agent/handoff_cli.h).
 
 // Runs `fleetfs argv...`, writing results to `out` and errors to `err`.
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);

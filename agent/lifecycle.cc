@@ -35,17 +35,19 @@ std::string_view PhaseName(Phase phase) {
 // ---- ServingPlan ----
 
 ServingChange ServingPlan::Update(const std::vector<lease::RangeStatus>& status, bool serve,
-                                  MonoTime now) {
+                                  MonoTime now, const std::set<lease::SlotRange>& draining,
+                                  const std::set<lease::SlotRange>& withheld) {
   ServingChange change;
   std::map<lease::SlotRange, PlannedRange> next;
   if (serve) {
     for (const lease::RangeStatus& st : status) {
-      if (!st.serving || !st.epoch) continue;
+      if (!st.serving || !st.epoch || withheld.contains(st.range)) continue;
       auto before = published_.find(st.range);
       PlannedRange p;
       p.range = st.range;
       p.epoch = *st.epoch;
       p.valid_until = st.valid_until;
+      p.accepting = !draining.contains(st.range);
       // The same period only while it was served without a gap: published
       // last time, at the same epoch, and its local lease not ended since.
       if (before != published_.end() && before->second.epoch == p.epoch &&
@@ -65,9 +67,10 @@ ServingChange ServingPlan::Update(const std::vector<lease::RangeStatus>& status,
   for (const auto& [range, p] : published_) {
     auto after = next.find(range);
     if (after != next.end() && after->second.period == p.period) continue;
-    std::string why = !serve                 ? "the agent is stopping"
-                      : now >= p.valid_until ? "its local lease ended"
-                                             : "it was lost";
+    std::string why = !serve                       ? "the agent is stopping"
+                      : withheld.contains(range)   ? "it is being handed off"
+                      : now >= p.valid_until       ? "its local lease ended"
+                                                   : "it was lost";
     change.withdrawn.push_back(WithdrawnRange{range, p.epoch, std::move(why)});
   }
   published_ = std::move(next);

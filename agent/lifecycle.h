@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,6 +54,7 @@ struct PlannedRange {
   lease::Epoch epoch;
   std::uint64_t period = 0;  // new whenever the range is served again after a gap
   MonoTime valid_until{};    // the local lease's end
+  bool accepting = true;     // false while it drains before a handoff
 
   bool operator==(const PlannedRange&) const = default;
 };
@@ -75,8 +77,12 @@ struct ServingChange {
 // the range comes back at the same epoch.
 class ServingPlan {
  public:
-  // `serve` false (stopping) withdraws everything.
-  ServingChange Update(const std::vector<lease::RangeStatus>& status, bool serve, MonoTime now);
+  // `serve` false (stopping) withdraws everything. `draining` ranges are
+  // served but take no new opens; `withheld` ones (a handoff past its
+  // drain) are withdrawn, though the lease is held.
+  ServingChange Update(const std::vector<lease::RangeStatus>& status, bool serve, MonoTime now,
+                       const std::set<lease::SlotRange>& draining = {},
+                       const std::set<lease::SlotRange>& withheld = {});
 
  private:
   std::map<lease::SlotRange, PlannedRange> published_;

@@ -263,6 +263,29 @@ RangeStatus Held(const char* range, std::uint64_t epoch, MonoTime valid_until, b
   return st;
 }
 
+TEST(ServingPlan, a_draining_range_stays_served_without_new_opens_and_a_withheld_one_is_withdrawn) {
+  ServingPlan plan;
+  MonoTime t{std::chrono::seconds(10)};
+  const auto range = *lease::SlotRange::Parse("0-99");
+  auto first = plan.Update({Held("0-99", 3, t + Millis(5000), true)}, true, t);
+  auto draining = plan.Update({Held("0-99", 3, t + Millis(5000), true)}, true, t + Millis(100),
+                              {range}, {});
+  ASSERT_EQ(draining.served.size(), 1u);
+  EXPECT_FALSE(draining.served[0].accepting);
+  EXPECT_EQ(draining.served[0].period, first.served[0].period) << "open handles go on";
+  EXPECT_TRUE(draining.withdrawn.empty());
+  auto withheld = plan.Update({Held("0-99", 3, t + Millis(5000), true)}, true, t + Millis(200),
+                              {}, {range});
+  EXPECT_TRUE(withheld.served.empty());
+  ASSERT_EQ(withheld.withdrawn.size(), 1u);
+  EXPECT_EQ(withheld.withdrawn[0].why, "it is being handed off");
+  // Abandoned: served again, under a new period (the fenced handles stay fenced).
+  auto again = plan.Update({Held("0-99", 3, t + Millis(5000), true)}, true, t + Millis(300));
+  ASSERT_EQ(again.served.size(), 1u);
+  EXPECT_TRUE(again.served[0].accepting);
+  EXPECT_NE(again.served[0].period, first.served[0].period);
+}
+
 TEST(ServingPlan, a_range_keeps_its_period_while_it_is_served_without_a_gap) {
   ServingPlan plan;
   MonoTime t{std::chrono::seconds(10)};

@@ -42,6 +42,7 @@ std::string RangeState(const lease::RangeStatus& status, std::string_view phase)
   if (status.serving) return "serving";
   switch (status.last) {
     case RangeOutcome::kWaiting: return "waiting";
+    case RangeOutcome::kHandedOff: return "handed-off";
     case RangeOutcome::kLost: return "lost";
     case RangeOutcome::kNotYet: return "pending";
     case RangeOutcome::kFailed:
@@ -165,6 +166,13 @@ Json StatusJson(const AgentSnapshot& s) {
     if (!st.failure.empty()) range["failure"] = st.failure;
     ranges.push_back(std::move(range));
   }
+  Json handoffs = Json::array();
+  for (const HandoffStatus& h : s.handoffs) {
+    handoffs.push_back({{"range", h.range.ToString()},
+                        {"to", h.to.empty() ? Json(nullptr) : Json(h.to)},
+                        {"state", h.state},
+                        {"note", h.note}});
+  }
   Json outcomes = Json::object();
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) {
     outcomes[std::string(OutcomeKindName(static_cast<Outcome>(i)))] = s.outcomes[i];
@@ -185,6 +193,7 @@ Json StatusJson(const AgentSnapshot& s) {
       {"refreshes", s.refreshes},
       {"refresh_outcomes", outcomes},
       {"ranges", ranges},
+      {"handoffs", handoffs},
       {"open_files", s.vfs ? s.vfs->open_handles : 0},
       {"fenced_operations", s.vfs ? s.vfs->fenced : 0},
   };
@@ -284,7 +293,9 @@ HttpResponse Health(const AgentSnapshot& s) {
       return unhealthy(name + ": the store call failed: " + st.failure +
                        (st.serving ? " (still serving on the local lease)" : ""));
     }
-    if (st.serving || st.last == RangeOutcome::kWaiting) continue;
+    if (st.serving || st.last == RangeOutcome::kWaiting || st.last == RangeOutcome::kHandedOff) {
+      continue;
+    }
     if (st.last == RangeOutcome::kLost) return unhealthy(name + " was lost to a newer epoch");
     if (st.epoch) return unhealthy(name + " lapsed at epoch " + st.epoch->ToString());
     return unhealthy(name + " is not claimed yet");

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/handoff.h"
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
 #include "fleet/replica/counting_destination.h"
@@ -61,6 +62,7 @@ struct AgentSnapshot {
   replica::RequestCounts replica_requests;  // to the destination, since start; with replication
   BackingReport backing_volume;    // whether the backing volume takes writes
   std::string failure;             // why the agent stood down (phase "failed"); else empty
+  std::vector<HandoffStatus> handoffs;  // planned handovers since the start (or the last undo)
 };
 
 // "serving", "waiting", "lost", "failed", "lapsed", "pending" or "stopped".

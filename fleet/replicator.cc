@@ -442,6 +442,9 @@ void Replicator::WillDelete(const FleetFile& main, std::uint64_t epoch) {
 void Replicator::Deleted(const FleetFile& main, std::uint64_t epoch) { impl_->Deleted(main, epoch); }
 void Replicator::Warm(Slot first, Slot last, std::uint64_t epoch) { impl_->Warm(first, last, epoch); }
 bool Replicator::Flush(MonoTime deadline) { return impl_->Flush(deadline); }
+bool Replicator::FlushRange(MonoTime deadline, Slot first, Slot last) {
+  return impl_->FlushRange(deadline, first, last);
+}
 double Replicator::LagSeconds(Slot first, Slot last) const { return impl_->LagSeconds(first, last); }
 ReplicationStats Replicator::Stats() const { return impl_->Stats(); }
 void Replicator::Stop() { impl_->Stop(); }

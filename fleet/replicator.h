@@ -200,6 +200,10 @@ class Replicator final : public TenantHooks {
   // now or not) has commits left unshipped. Blocks until done or `deadline`
   // (at least one pass).
   bool Flush(MonoTime deadline);
+  // The same for the tenants of [first, last] only (a handoff of one range
+  // while others are written): true when none of them has a commit or a
+  // tombstone left unshipped.
+  bool FlushRange(MonoTime deadline, Slot first, Slot last);
   // Seconds since the oldest commit not yet shipped in [first, last]; 0 when
   // everything is shipped.
   double LagSeconds(Slot first, Slot last) const;

@@ -22,6 +22,7 @@ struct EtcdStore::StoredRow {
   std::int64_t mod_revision = 0;
   std::int64_t lease = 0;
   Millis ttl{0};  // the lease length the row was granted or last extended for
+  bool offer = false;  // an offer key: a lapsed row offered to row.offered_to
 };
 
 struct EtcdStore::Snapshot {
@@ -76,6 +77,43 @@ EtcdStore::EtcdStore(std::unique_ptr<EtcdClient> client, std::string prefix, std
       mono_(mono),
       options_(options) {}
 
+std::string EtcdStore::OfferKey(SlotRange range) const {
+  char name[16];
+  std::snprintf(name, sizeof name, "%05d-%05d", range.first(), range.last());
+  return prefix_ + "/offers/" + name;
+}
+
+Result<EtcdStore::StoredRow> EtcdStore::ParseOffer(const EtcdKv& kv, SlotRange range) const {
+  const std::string where = "etcd key '" + Printable(kv.key) + "' (an offer)";
+  const auto parsed = ParseBoundedJson(kv.value, {.max_depth = 2, .max_values = 64});
+  const Json value = parsed.ok() ? *parsed : Json();
+  if (!parsed.ok() || !value.is_object()) {
+    return DataLoss(where + ": its value is not a JSON object {owner, epoch, to, ttl_ms}");
+  }
+  auto text = [&](const char* name) -> Result<OwnerId> {
+    const auto it = value.find(name);
+    if (it == value.end() || !it->is_string()) {
+      return DataLoss(where + ": field '" + name + "' must be a string");
+    }
+    auto id = OwnerId::Make(it->get<std::string>());
+    if (!id.ok()) return DataLoss(where + ": field '" + name + "': " + id.status().message());
+    return *id;
+  };
+  FLEETFS_ASSIGN_OR_RETURN(const OwnerId owner, text("owner"));
+  FLEETFS_ASSIGN_OR_RETURN(const OwnerId to, text("to"));
+  const auto epoch = JsonWhole(value, "epoch", 1, Epoch::kMax);
+  if (!epoch) return DataLoss(where + ": field 'epoch' must be a whole number from 1 to 2^63-1");
+  if (kv.lease == 0) {
+    return DataLoss(where + ": it has no etcd lease, so it would never end; every offer is "
+                            "attached to a lease of its own");
+  }
+  StoredRow row{OwnershipRow{range, owner, Epoch(*epoch), /*lapsed*/ 0}, kv.key, kv.mod_revision,
+                kv.lease, Millis(0), true};
+  row.row.offered_to = to;
+  row.row.offer_expires_ms = kLive;
+  return row;
+}
+
 std::string EtcdStore::RowKey(SlotRange range) const {
   char name[16];
   std::snprintf(name, sizeof name, "%05d-%05d", range.first(), range.last());
@@ -114,6 +152,8 @@ Result<EtcdStore::StoredRow> EtcdStore::ParseRow(const EtcdKv& kv, SlotRange ran
 
 Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
   const std::string rows_prefix = prefix_ + "/rows/";
+  const std::string offers_prefix = prefix_ + "/offers/";
+  std::vector<StoredRow> offers;
   // [PREFIX/, PREFIX0): every key under the prefix ('0' follows '/').
   FLEETFS_ASSIGN_OR_RETURN(EtcdRange range, client_->Range(prefix_ + "/", prefix_ + "0", deadline));
   Snapshot snapshot;
@@ -127,6 +167,19 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
       }
       snapshot.counter = *counter;
       snapshot.counter_mod_revision = kv.mod_revision;
+      continue;
+    }
+    if (kv.key.starts_with(offers_prefix)) {
+      // A name that is no range is not ours (a fleet nested at PREFIX/offers).
+      const std::string_view name = std::string_view(kv.key).substr(offers_prefix.size());
+      if (name.size() != 11 || name[5] != '-') continue;
+      const auto first = Decimal(name.substr(0, 5), kLastSlot);
+      const auto last = Decimal(name.substr(6), kLastSlot);
+      if (!first || !last) continue;
+      auto made = SlotRange::Make(static_cast<int>(*first), static_cast<int>(*last));
+      if (!made.ok() || OfferKey(*made) != kv.key) continue;
+      FLEETFS_ASSIGN_OR_RETURN(StoredRow offer, ParseOffer(kv, *made));
+      offers.push_back(std::move(offer));
       continue;
     }
     // Keys that are neither the counter nor under PREFIX/rows/ are not
@@ -153,6 +206,21 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
     FLEETFS_ASSIGN_OR_RETURN(StoredRow row, ParseRow(kv, *bounds));
     snapshot.rows.push_back(std::move(row));
   }
+  // An offer stands only while no row overlaps it (a claim of the range
+  // deletes it in its txn; a row beside it is a claim that did not know of
+  // offers), and never over another offer.
+  std::vector<StoredRow> kept;
+  for (StoredRow& offer : offers) {
+    auto overlaps = [&](const StoredRow& other) { return other.row.range.Overlaps(offer.row.range); };
+    if (std::any_of(snapshot.rows.begin(), snapshot.rows.end(), overlaps) ||
+        std::any_of(kept.begin(), kept.end(), overlaps)) {
+      continue;
+    }
+    kept.push_back(std::move(offer));
+  }
+  for (StoredRow& offer : kept) snapshot.rows.push_back(std::move(offer));
+  std::sort(snapshot.rows.begin(), snapshot.rows.end(),
+            [](const StoredRow& a, const StoredRow& b) { return a.row.range < b.row.range; });
   return snapshot;
 }
 
@@ -267,7 +335,7 @@ Result<Decision> EtcdStore::DoClaim(SlotRange range, const OwnerId& owner, Milli
       FLEETFS_ASSIGN_OR_RETURN(const std::optional<std::int64_t> left,
                                client_->TimeToLive(holder->lease, deadline));
       if (!left) continue;  // it expired just now: decide again
-      return Decision(Held{held->range, held->owner, now + *left * 1000});
+      return Decision(Held{held->range, held->owner, now + *left * 1000, held->offered});
     }
     if (!std::holds_alternative<Grant>(decision)) return decision;
     const Grant& grant = std::get<Grant>(decision);
@@ -291,7 +359,9 @@ Result<Decision> EtcdStore::DoClaim(SlotRange range, const OwnerId& owner, Milli
       if (!row.row.range.Overlaps(range)) continue;
       txn.compare.push_back({row.key, EtcdCompare::Target::kModRevision, row.mod_revision});
       key_read = key_read || row.key == key;
-      const bool kept = std::any_of(after.rows().begin(), after.rows().end(),
+      // An offer is never kept: the new row replaces it under its own key.
+      const bool kept =
+          !row.offer && std::any_of(after.rows().begin(), after.rows().end(),
                                     [&](const OwnershipRow& r) { return r.range == row.row.range; });
       // The new row's own key is overwritten by its put (a txn may not
       // touch one key twice).
@@ -335,7 +405,8 @@ Result<Decision> EtcdStore::DoRenew(SlotRange range, const OwnerId& owner, Epoch
   return Decision(*extended);
 }
 
-Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch) {
+Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch,
+                                  const std::optional<OwnerId>& to, Millis window) {
   const MonoTime deadline = mono_.Now() + options_.call_timeout;
   for (int races = 0;; ++races) {
     if (races > 0 && mono_.Now() >= deadline) {
@@ -351,8 +422,27 @@ Result<bool> EtcdStore::DoRelease(SlotRange range, const OwnerId& owner, Epoch e
     EtcdTxn txn;
     txn.compare.push_back({row.key, EtcdCompare::Target::kModRevision, row.mod_revision});
     txn.success.push_back({EtcdOp::Kind::kDelete, row.key, "", 0});
-    FLEETFS_ASSIGN_OR_RETURN(const EtcdTxnResult result, client_->Txn(txn, deadline));
-    if (!result.succeeded) continue;  // the row changed under us: look again
+    std::int64_t offer_lease = 0;
+    if (to && !(*to == owner)) {
+      FLEETFS_ASSIGN_OR_RETURN(const EtcdLease lease,
+                               client_->Grant(std::max<std::int64_t>(1, TtlSeconds(window)),
+                                              deadline));
+      offer_lease = lease.id;
+      txn.success.push_back(
+          {EtcdOp::Kind::kPut, OfferKey(range),
+           Json{{"owner", owner.str()}, {"epoch", epoch.value()}, {"to", to->str()},
+                {"ttl_ms", window.count()}}
+               .dump(),
+           offer_lease});
+    }
+    const Result<EtcdTxnResult> result = client_->Txn(txn, deadline);
+    if (!result.ok() || !result->succeeded) {
+      // No offer without its release. (A txn that landed unanswered leaves
+      // the row gone: the next read says so, and the offer goes with its lease.)
+      if (offer_lease != 0) (void)client_->Revoke(offer_lease, deadline);
+      if (!result.ok()) return result.status();
+      continue;  // the row changed under us: look again
+    }
     // The row is gone; its lease has nothing left to keep. A revoke that
     // fails leaves the lease to expire on its own.
     (void)client_->Revoke(row.lease, deadline);
@@ -380,7 +470,9 @@ Status EtcdStore::FillExpiries(const std::vector<StoredRow*>& rows, MonoTime dea
             client_->TimeToLive(rows[i]->lease, deadline);
         if (!left.ok()) return fail(left.status());
         // A lease gone since the read: the row has lapsed (etcd removes it).
-        rows[i]->row.lease_expires_ms = *left ? now + **left * 1000 : now;
+        WallMs& expires =
+            rows[i]->offer ? rows[i]->row.offer_expires_ms : rows[i]->row.lease_expires_ms;
+        expires = *left ? now + **left * 1000 : now;
       }
     } catch (const std::exception& e) {
       fail(Status(Code::kInternal, "etcd store " + url_ + ": reading a lease's time left: " +
@@ -456,6 +548,12 @@ Result<Decision> EtcdStore::Renew(SlotRange range, const OwnerId& owner, Epoch e
 Result<bool> EtcdStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
   return Contained<bool>("etcd store " + url_ + ": release",
                          [&] { return DoRelease(range, owner, epoch); });
+}
+
+Result<bool> EtcdStore::Offer(SlotRange range, const OwnerId& owner, Epoch epoch,
+                              const OwnerId& to, Millis window) {
+  return Contained<bool>("etcd store " + url_ + ": offer",
+                         [&] { return DoRelease(range, owner, epoch, to, window); });
 }
 
 Result<OwnershipTable> EtcdStore::Read() {

@@ -6,6 +6,10 @@
 //                             range order); value {"owner","epoch","ttl_ms"};
 //                             attached to an etcd lease of its own
 //   PREFIX/counter            the highest epoch ever granted (decimal), no lease
+//   PREFIX/offers/AAAAA-BBBBB an offer: a released row that only one owner may
+//                             claim; value {"owner","epoch","to","ttl_ms"}
+//                             (the releasing owner and epoch, the target),
+//                             on an etcd lease of the offer's window
 // Other keys under PREFIX/ are not this fleet's (a fleet at PREFIX/b keeps
 // its own there) and are ignored; a key under PREFIX/rows/ that is not a row
 // is DataLoss. (So a fleet's prefix should not end in "/rows": its keys would
@@ -27,7 +31,11 @@
 //   again: the row on the txn's own lease tells): its lease is revoked and
 //   the claim decides again, within its time.
 // - Release deletes its row by a txn on the row's mod_revision, then revokes
-//   the row's lease.
+//   the row's lease. Offer does the same, and in that txn puts the offer key
+//   on a new lease of the window: while etcd keeps it, the table sees a
+//   lapsed row offered to the target (others are held), and the target's
+//   fresh grant deletes it in its txn like any lapsed row it replaces. An
+//   offer whose range a row overlaps is stale and ignored.
 // Wall times in rows and answers are this host's wall time plus the time
 // etcd says a lease has left: for display only.
 //
@@ -62,6 +70,9 @@ class EtcdStore final : public OwnershipStore {
   Result<Decision> Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
                          Millis ttl) override;
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
+  Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
+                     Millis window) override;
+  bool keeps_offers() const override { return true; }
   Result<OwnershipTable> Read() override;
   // Every row is loaded, but etcd is asked the time left only of the rows
   // that hold `slots`; the table holds those rows and the counter.
@@ -79,6 +90,8 @@ class EtcdStore final : public OwnershipStore {
   // The key of a row, "PREFIX/rows/00000-08191".
   std::string RowKey(SlotRange range) const;
   std::string CounterKey() const { return prefix_ + "/counter"; }
+  // The key of an offer, "PREFIX/offers/00000-08191".
+  std::string OfferKey(SlotRange range) const;
   const EtcdClient& client() const { return *client_; }
 
   struct StoredRow;  // a row as read: the row, its key's revisions, its lease
@@ -89,7 +102,9 @@ class EtcdStore final : public OwnershipStore {
   // call wraps its own.
   Result<Decision> DoClaim(SlotRange range, const OwnerId& owner, Millis ttl, std::uint64_t floor);
   Result<Decision> DoRenew(SlotRange range, const OwnerId& owner, Epoch epoch, Millis ttl);
-  Result<bool> DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch);
+  // Release, or with `to` an offer to it for `window`.
+  Result<bool> DoRelease(SlotRange range, const OwnerId& owner, Epoch epoch,
+                         const std::optional<OwnerId>& to = std::nullopt, Millis window = {});
   Result<OwnershipTable> DoRead();
   Result<OwnershipTable> DoReadSlots(const std::vector<Slot>& slots);
   // Sets each row's expiry from the time etcd says its lease has left, with
@@ -98,6 +113,7 @@ class EtcdStore final : public OwnershipStore {
   Status FillExpiries(const std::vector<StoredRow*>& rows, MonoTime deadline);
   Result<Snapshot> Load(MonoTime deadline);
   Result<StoredRow> ParseRow(const EtcdKv& kv, SlotRange range) const;
+  Result<StoredRow> ParseOffer(const EtcdKv& kv, SlotRange range) const;
   // The row of `range` alone, nullopt when there is none; DataLoss when the
   // answer holds any other key.
   Result<std::optional<StoredRow>> ReadRow(SlotRange range, MonoTime deadline);

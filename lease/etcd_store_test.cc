@@ -244,6 +244,44 @@ TEST_F(EtcdStoreTest, a_claim_that_keeps_losing_ends_at_its_time_limit) {
       << decision.status().message();
 }
 
+TEST_F(EtcdStoreTest, an_offer_deletes_the_row_and_lets_only_its_target_claim_until_it_ends) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  const std::int64_t lease = LeaseOf(Range(0, 99));
+  EXPECT_FALSE(*store_->Offer(Range(0, 99), Owner("a"), Epoch(2), Owner("b"), kTtl));
+  ASSERT_TRUE(*store_->Offer(Range(0, 99), Owner("a"), Epoch(1), Owner("b"), kTtl));
+  EXPECT_FALSE(etcd_->Get("fleet/a/rows/00000-00099"));
+  EXPECT_FALSE(etcd_->LeaseExists(lease));
+  const auto offer = etcd_->Get("fleet/a/offers/00000-00099");
+  ASSERT_TRUE(offer);
+  EXPECT_NE(offer->lease, 0);
+  // Read shows a lapsed row offered to b for the time etcd says is left.
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 1u);
+  EXPECT_EQ(table->rows()[0].offered_to, Owner("b"));
+  EXPECT_EQ(table->rows()[0].offer_expires_ms, kStart + 9000);
+  EXPECT_LE(table->rows()[0].lease_expires_ms, kStart);
+  // Another owner, and the one that offered it, are refused naming b.
+  for (const char* who : {"c", "a"}) {
+    const auto refused = store_->Claim(Range(50, 60), Owner(who), kTtl, 0);
+    ASSERT_TRUE(refused.ok()) << refused.status().message();
+    EXPECT_EQ(std::get<Held>(*refused), (Held{Range(0, 99), "b", kStart + 9000, true})) << who;
+  }
+  // b claims at once at a new epoch; the offer goes in the same txn.
+  const Grant grant = AsGrant(store_->Claim(Range(0, 99), Owner("b"), kTtl, 0));
+  EXPECT_TRUE(grant.fresh);
+  EXPECT_EQ(grant.epoch, Epoch(2));
+  EXPECT_FALSE(etcd_->Get("fleet/a/offers/00000-00099"));
+  EXPECT_EQ(store_->Renew(Range(0, 99), Owner("a"), Epoch(1), kTtl)->index(), 2u);  // Lost
+}
+
+TEST_F(EtcdStoreTest, an_offer_that_etcd_ended_lets_anyone_claim) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  ASSERT_TRUE(*store_->Offer(Range(0, 99), Owner("a"), Epoch(1), Owner("b"), kTtl));
+  etcd_->Expire(etcd_->Get("fleet/a/offers/00000-00099")->lease);
+  EXPECT_TRUE(AsGrant(store_->Claim(Range(0, 99), Owner("c"), kTtl, 0)).fresh);
+}
+
 TEST_F(EtcdStoreTest, release_deletes_the_row_then_revokes_its_lease) {
   AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
   const std::int64_t lease = LeaseOf(Range(0, 99));

@@ -17,6 +17,7 @@ std::string_view OutcomeName(RangeOutcome outcome) {
     case RangeOutcome::kFailed: return "failed";
     case RangeOutcome::kTimedOut: return "timed-out";
     case RangeOutcome::kStillRunning: return "still-running";
+    case RangeOutcome::kHandedOff: return "handed-off";
   }
   return "unknown";
 }
@@ -45,6 +46,7 @@ std::vector<StoreCall> HostOwnership::BeginRefresh(MonoTime now) {
   if (stopping_) return calls;
   refresh_open_ = true;
   for (auto& state : states_) {
+    if (state.parked) continue;
     state.holder.reset();
     state.failure.clear();
     if (state.pending) {
@@ -157,7 +159,8 @@ RefreshReport HostOwnership::EndRefresh() {
       case RangeOutcome::kStillRunning:
         report.failed.emplace_back(state.range, state.failure);
         break;
-      case RangeOutcome::kNotYet: break;
+      case RangeOutcome::kNotYet:
+      case RangeOutcome::kHandedOff: break;
     }
   }
   refresh_open_ = false;
@@ -242,6 +245,55 @@ ReleasePlan HostOwnership::PlanRelease(bool all_shipped) {
     plan.calls = std::move(held);
   }
   return plan;
+}
+
+Result<HostOwnership::HandoffStart> HostOwnership::StartHandoff(SlotRange range) {
+  for (auto& state : states_) {
+    if (state.range != range) continue;
+    HandoffStart start;
+    if (state.pending) {
+      start.wait = true;
+      return start;
+    }
+    if (state.held) start.release = ReleaseCall{state.range, *state.held};
+    state.held.reset();
+    state.parked = true;
+    state.outcome = RangeOutcome::kHandedOff;
+    state.holder.reset();
+    state.failure.clear();
+    return start;
+  }
+  return InvalidArgument("slot range " + range.ToString() +
+                         " is not one of this agent's configured ranges; a handoff takes "
+                         "exactly a configured range");
+}
+
+void HostOwnership::Unpark(SlotRange range) {
+  for (auto& state : states_) {
+    if (state.range == range && state.parked) {
+      state.parked = false;
+      state.outcome = RangeOutcome::kNotYet;
+    }
+  }
+}
+
+void HostOwnership::UnparkAll() {
+  for (auto& state : states_) Unpark(state.range);
+}
+
+bool HostOwnership::parked(SlotRange range) const {
+  return std::any_of(states_.begin(), states_.end(), [&](const RangeState& state) {
+    return state.range == range && state.parked;
+  });
+}
+
+std::vector<SlotRange> HostOwnership::UnheldRanges() const {
+  std::vector<SlotRange> out;
+  if (stopping_) return out;
+  for (const auto& state : states_) {
+    if (!state.held) out.push_back(state.range);
+  }
+  return out;
 }
 
 std::vector<RangeStatus> HostOwnership::Status(MonoTime now) const {

@@ -55,6 +55,7 @@ enum class RangeOutcome {
   kFailed,        // the store call failed
   kTimedOut,      // the store call did not answer within ttl/3
   kStillRunning,  // an earlier call has not answered yet
+  kHandedOff,     // released by a handoff or a drain; not claimed until unparked
 };
 
 std::string_view OutcomeName(RangeOutcome outcome);
@@ -139,6 +140,26 @@ class HostOwnership {
   // Whether a held range is past its local lease (it could not renew in time).
   bool AnyLapsed(MonoTime now) const;
 
+  // Planned handover of one configured range (exactly its bounds). While the
+  // caller drains it, the range is renewed as usual. Once nothing committed
+  // is left unshipped, StartHandoff parks it: it is not served, claimed nor
+  // renewed any more until Unpark, and the held epoch (if any) is returned
+  // for the release (or offer) to send. nullopt with `wait` set while a call
+  // of the range is running: it may still land and extend the lease, so the
+  // caller asks again. InvalidArgument when the range is not configured.
+  struct HandoffStart {
+    bool wait = false;
+    std::optional<ReleaseCall> release;  // none: the range was not held
+  };
+  Result<HandoffStart> StartHandoff(SlotRange range);
+  // Lets a parked range be claimed again (a drain undone).
+  void Unpark(SlotRange range);
+  void UnparkAll();
+  bool parked(SlotRange range) const;
+  // The configured ranges this host does not hold (another owner holds
+  // them, or they are parked): where an offer to this host may appear.
+  std::vector<SlotRange> UnheldRanges() const;
+
   // Whether a store call may still land: any call running, or marked.
   bool Unsettled() const;
   // A call outlived the shutdown wait: never release after this.
@@ -167,6 +188,7 @@ class HostOwnership {
     RangeOutcome outcome = RangeOutcome::kNotYet;
     std::optional<Held> holder;
     std::string failure;
+    bool parked = false;  // handed off: no claim until unparked
   };
 
   HostOwnership(OwnerId owner, std::vector<SlotRange> ranges, Millis ttl);

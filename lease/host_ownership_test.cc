@@ -356,5 +356,38 @@ TEST(HostOwnership, release_at_shutdown_only_when_clean_and_settled) {
   }
 }
 
+TEST(HostOwnership, a_handoff_waits_for_a_running_call_then_parks_the_range_with_its_epoch) {
+  Fleet fleet;
+  HostOwnership a = Host("a", {Range(0, 99), Range(100, 199)});
+  fleet.Refresh(a);
+  fleet.hanging.insert(Range(0, 99));
+  fleet.Refresh(a);  // the renew of 0-99 hangs
+  auto start = a.StartHandoff(Range(0, 99));
+  ASSERT_TRUE(start.ok());
+  EXPECT_TRUE(start->wait) << "a renew that may still land must not follow the release";
+  fleet.Unhang();
+  start = a.StartHandoff(Range(0, 99));
+  ASSERT_TRUE(start.ok());
+  EXPECT_FALSE(start->wait);
+  ASSERT_TRUE(start->release.has_value());
+  EXPECT_EQ(start->release->epoch, Epoch(1));
+  EXPECT_TRUE(a.parked(Range(0, 99)));
+  EXPECT_EQ(a.EpochFor(5, fleet.now), std::nullopt);
+  EXPECT_EQ(a.Status(fleet.now)[0].last, RangeOutcome::kHandedOff);
+  EXPECT_EQ(a.UnheldRanges(), std::vector{Range(0, 99)});
+  // No call for a parked range, however long; the other range goes on.
+  fleet.Advance(kTtl);
+  const auto calls = a.BeginRefresh(fleet.now);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].range, Range(100, 199));
+  a.Answer(calls[0].id, fleet.Decide(a.owner(), calls[0]));
+  a.EndRefresh();
+  EXPECT_EQ(a.StartHandoff(Range(0, 50)).status().code(), Code::kInvalidArgument);
+  // Unparked (an offer back, an undo): claimed again at the next refresh.
+  a.Unpark(Range(0, 99));
+  EXPECT_FALSE(a.parked(Range(0, 99)));
+  EXPECT_EQ(a.BeginRefresh(fleet.now).size(), 2u);
+}
+
 }  // namespace
 }  // namespace fleetfs::lease

@@ -32,6 +32,16 @@ class OwnershipStore {
                                  Millis ttl) = 0;
   // OwnershipTable::Release at the store's time.
   virtual Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) = 0;
+  // OwnershipTable::Offer at the store's time: release, and let only `to`
+  // claim the range for `window`. A store that cannot keep offers answers
+  // FailedPrecondition (and changes nothing).
+  virtual Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch,
+                             const OwnerId& to, Millis window) {
+    (void)range, (void)owner, (void)epoch, (void)to, (void)window;
+    return Status(Code::kFailedPrecondition, "store " + url() + " keeps no offers; a handoff needs one");
+  }
+  // Whether Offer works here.
+  virtual bool keeps_offers() const { return false; }
   // The whole table (rows and counter), read in one transaction.
   virtual Result<OwnershipTable> Read() = 0;
   // The rows that hold `slots` and the counter: what `where` needs. A store

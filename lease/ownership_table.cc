@@ -35,8 +35,8 @@ std::string DescribeDecision(const Decision& decision) {
            FormatWallTime(grant->lease_expires_ms);
   }
   if (const auto* held = std::get_if<Held>(&decision)) {
-    return "slot range " + held->range.ToString() + " is held by '" + held->owner + "' until " +
-           FormatWallTime(held->lease_expires_ms);
+    return "slot range " + held->range.ToString() + (held->offered ? " is offered to '" : " is held by '") +
+           held->owner + "' until " + FormatWallTime(held->lease_expires_ms);
   }
   const auto& lost = std::get<Lost>(decision);
   return "slot range " + lost.range.ToString() +
@@ -95,6 +95,10 @@ Result<Decision> OwnershipTable::Claim(SlotRange range, const OwnerId& owner, Wa
     if (row.range.Overlaps(range) && !same_claim && row.lease_expires_ms > now) {
       return Decision(Held{row.range, row.owner.str(), row.lease_expires_ms});
     }
+    // An offer binds its own owner too: the releasing host gave it away.
+    if (row.range.Overlaps(range) && row.OfferedAwayFrom(owner, now)) {
+      return Decision(Held{row.range, row.offered_to->str(), row.offer_expires_ms, true});
+    }
   }
   const WallMs expires = LeaseEnd(now, ttl);
   // Rows never overlap, so a row with these bounds is the only one that
@@ -102,6 +106,8 @@ Result<Decision> OwnershipTable::Claim(SlotRange range, const OwnerId& owner, Wa
   for (auto& row : rows_) {
     if (row.range == range && row.owner == owner && row.epoch.value() > floor) {
       row.lease_expires_ms = std::max(row.lease_expires_ms, expires);
+      row.offered_to.reset();  // taken back after its offer ran out
+      row.offer_expires_ms = 0;
       return Decision(Grant{range, row.epoch, row.lease_expires_ms, /*fresh=*/false});
     }
   }
@@ -122,7 +128,9 @@ Result<Decision> OwnershipTable::Claim(SlotRange range, const OwnerId& owner, Wa
 Decision OwnershipTable::Renew(SlotRange range, const OwnerId& owner, Epoch epoch, WallMs now,
                                Millis ttl) {
   OwnershipRow* row = Exact(range, owner, epoch);
-  if (row == nullptr) return Lost{range};
+  if (row == nullptr || row->OfferedAwayFrom(owner, now)) return Lost{range};
+  row->offered_to.reset();
+  row->offer_expires_ms = 0;
   row->lease_expires_ms = std::max(row->lease_expires_ms, LeaseEnd(now, ttl));
   return Grant{range, epoch, row->lease_expires_ms, /*fresh=*/false};
 }
@@ -131,6 +139,16 @@ bool OwnershipTable::Release(SlotRange range, const OwnerId& owner, Epoch epoch,
   OwnershipRow* row = Exact(range, owner, epoch);
   if (row == nullptr) return false;
   row->lease_expires_ms = std::min(row->lease_expires_ms, now);
+  return true;
+}
+
+bool OwnershipTable::Offer(SlotRange range, const OwnerId& owner, Epoch epoch, WallMs now,
+                           const OwnerId& to, Millis window) {
+  if (!Release(range, owner, epoch, now)) return false;
+  if (to == owner) return true;
+  OwnershipRow* row = Exact(range, owner, epoch);
+  row->offered_to = to;
+  row->offer_expires_ms = LeaseEnd(now, window);
   return true;
 }
 

@@ -10,8 +10,14 @@
 // - a lease is never shortened by a late call (a call that timed out may
 //   land after a newer one).
 //
-// Every store applies exactly one of Claim, Renew or Release per atomic
-// decision (load rows, decide, write changes, in one transaction).
+// Every store applies exactly one of Claim, Renew, Release or Offer per
+// atomic decision (load rows, decide, write changes, in one transaction).
+//
+// Offers (a planned handover): Offer ends the owner's lease now, as Release
+// does, and for a window after it only the named owner may claim the range;
+// anyone else is refused as if the range were held. An offer changes no
+// epoch: the target's claim takes a new one as usual, so fencing is
+// unchanged. Once the window passes unclaimed, anyone may claim.
 //
 // Thread-safety: none; a value that one thread owns at a time.
 #pragma once
@@ -37,6 +43,15 @@ struct OwnershipRow {
   OwnerId owner;
   Epoch epoch;
   WallMs lease_expires_ms = 0;  // store time
+  // Set by Offer: until offer_expires_ms (store time) only this owner may
+  // claim the range. Meaningless once the row is live again or gone.
+  std::optional<OwnerId> offered_to{};
+  WallMs offer_expires_ms = 0;
+
+  // Whether an offer to someone else than `who` still stands at `now`.
+  bool OfferedAwayFrom(const OwnerId& who, WallMs now) const {
+    return offered_to && offer_expires_ms > now && !(*offered_to == who);
+  }
 
   bool operator==(const OwnershipRow&) const = default;
 };
@@ -51,11 +66,14 @@ struct Grant {
   bool operator==(const Grant&) const = default;
 };
 
-// A claim refused because another live lease covers part of the range.
+// A claim refused because another live lease covers part of the range, or
+// because a released range is offered to another owner (`offered`: then
+// `owner` is that owner and the expiry is the offer's end).
 struct Held {
   SlotRange range;  // the holding row's range
   std::string owner;
   WallMs lease_expires_ms = 0;
+  bool offered = false;
 
   bool operator==(const Held&) const = default;
 };
@@ -94,6 +112,8 @@ class OwnershipTable {
   bool Admits(Slot slot, const OwnerId& owner, Epoch epoch) const;
 
   // Claims `range` for `owner` at `now` for `ttl`, at an epoch above `floor`.
+  // - Held (offered) when an overlapping row is offered to another owner and
+  //   the offer still stands, whoever's row it is.
   // - Held when a live lease overlaps the range, unless it is the owner's own
   //   row with the same bounds (a range of another shape is never taken while
   //   live, even from its owner: an old process may still serve it).
@@ -107,12 +127,19 @@ class OwnershipTable {
                          std::uint64_t floor = 0);
 
   // Extends the lease of exactly (range, owner, epoch), even after a lapse
-  // nobody used; never shortens it. Lost otherwise.
+  // nobody used; never shortens it. Lost otherwise, and Lost while the row
+  // stands offered to another owner (the owner gave it away).
   Decision Renew(SlotRange range, const OwnerId& owner, Epoch epoch, WallMs now, Millis ttl);
 
   // Ends the lease of exactly (range, owner, epoch) at `now` (never later than
   // it already ends). Returns whether the row was still the owner's.
   bool Release(SlotRange range, const OwnerId& owner, Epoch epoch, WallMs now);
+
+  // Release, and offer the range to `to` until now + `window`: only `to` may
+  // claim it meanwhile. Offering to oneself is a plain release. Returns
+  // whether the row was still the owner's.
+  bool Offer(SlotRange range, const OwnerId& owner, Epoch epoch, WallMs now, const OwnerId& to,
+             Millis window);
 
   bool operator==(const OwnershipTable&) const = default;
 

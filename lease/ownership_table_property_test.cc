@@ -1,6 +1,7 @@
 // A randomized property test of the ownership table's invariants: random
-// sequences of claim, claim above a floor, renew, release and renew with any
-// epoch (stale ones included) by 3 owners over 64 slots at advancing times.
+// sequences of claim, claim above a floor, renew, release, offer (a release
+// to one named owner) and renew with any epoch (stale ones included) by 3
+// owners over 64 slots at advancing times.
 //
 // FLEETFS_PROPERTY_SEED replays a run; FLEETFS_PROPERTY_SEQUENCES sets how many
 // sequences run (default 20000). A failure prints the seed, the sequence and
@@ -66,11 +67,16 @@ void CheckInvariants(const OwnershipTable& before, const OwnershipTable& after, 
   }
 }
 
-// Whether a claim must be refused: a live lease that is not the same claim.
+// Whether a claim must be refused: a live lease that is not the same claim,
+// or a standing offer to another owner.
 bool Blocked(const OwnershipTable& table, SlotRange range, const OwnerId& who, WallMs now) {
   for (const auto& row : table.rows()) {
     if (row.range.Overlaps(range) && !(row.owner == who && row.range == range) &&
         row.lease_expires_ms > now) {
+      return true;
+    }
+    if (row.range.Overlaps(range) && row.offered_to && row.offer_expires_ms > now &&
+        !(*row.offered_to == who)) {
       return true;
     }
   }
@@ -105,7 +111,7 @@ std::string RunSequence(std::uint64_t seed) {
     const WallMs base = now;
     if (uniform(0, 5) == 0) now -= uniform(1, 30);
     const Millis ttl = uniform(0, 3) == 0 ? kShortTtl : kTtl;
-    const int op = uniform(0, 4);
+    const int op = uniform(0, 5);
     c.steps << "  step " << step << " t=" << now << " ttl=" << ttl.count() << ": ";
     if (op == 0 || op == 1) {
       const std::uint64_t floor = op == 1 ? static_cast<std::uint64_t>(uniform(0, 12)) : 0;
@@ -141,8 +147,10 @@ std::string RunSequence(std::uint64_t seed) {
       c.steps << "renew " << range.ToString() << " by " << who.str() << " at its epoch "
               << row->epoch.value();
       const Decision result = table.Renew(range, who, row->epoch, now, ttl);
-      c.Check(std::holds_alternative<Grant>(result) == (row->owner == who),
-              "renew of the exact row did not follow its owner");
+      const bool given_away =
+          row->offered_to && row->offer_expires_ms > now && !(*row->offered_to == who);
+      c.Check(std::holds_alternative<Grant>(result) == (row->owner == who && !given_away),
+              "renew of the exact row did not follow its owner, or renewed a row it offered away");
       if (const auto* grant = std::get_if<Grant>(&result)) {
         c.Check(grant->lease_expires_ms >= row->lease_expires_ms, "a renew shortened a lease");
       }
@@ -152,9 +160,32 @@ std::string RunSequence(std::uint64_t seed) {
               << epoch.value();
       const Decision result = table.Renew(range, who, epoch, now, ttl);
       const OwnershipRow* row = Exact(before, range);
-      const bool holds = row != nullptr && row->owner == who && row->epoch == epoch;
+      const bool holds = row != nullptr && row->owner == who && row->epoch == epoch &&
+                         !(row->offered_to && row->offer_expires_ms > now &&
+                           !(*row->offered_to == who));
       c.Check(std::holds_alternative<Grant>(result) == holds, "a stale epoch renewed");
       if (!holds) c.Check(table == before, "a refused renew changed the table");
+    } else if (op == 5) {
+      const OwnershipRow* row = Exact(before, range);
+      const Epoch epoch = row != nullptr ? row->epoch : Epoch(1);
+      const OwnerId& to = owners[uniform(0, 2)];
+      c.steps << "offer " << range.ToString() << " by " << who.str() << " epoch "
+              << epoch.value() << " to " << to.str();
+      const bool offered = table.Offer(range, who, epoch, now, to, ttl);
+      c.Check(offered == (row != nullptr && row->owner == who),
+              "offer did not follow the exact row");
+      if (offered) {
+        c.Check(Exact(table, range)->lease_expires_ms <= row->lease_expires_ms,
+                "an offer lengthened a lease");
+        c.Check(to == who || !Blocked(table, range, to, now),
+                "an offered range is not free for its target");
+        for (const OwnerId& other : owners) {
+          if (to == who || other == to || other == who) continue;  // to itself: a release
+          c.Check(Blocked(table, range, other, now), "an offered range is free for another owner");
+        }
+      } else {
+        c.Check(table == before, "a refused offer changed the table");
+      }
     } else {
       const OwnershipRow* row = Exact(before, range);
       const Epoch epoch = row != nullptr ? row->epoch : Epoch(1);
@@ -166,7 +197,8 @@ std::string RunSequence(std::uint64_t seed) {
       if (released) {
         c.Check(Exact(table, range)->lease_expires_ms <= row->lease_expires_ms,
                 "a release lengthened a lease");
-        c.Check(!Blocked(table, range, Owner(who.str() == "a" ? "b" : "a"), now),
+        const bool still_offered = row->offered_to && row->offer_expires_ms > now;
+        c.Check(still_offered || !Blocked(table, range, Owner(who.str() == "a" ? "b" : "a"), now),
                 "a released range is not free at once");
       }
     }

@@ -203,5 +203,46 @@ TEST(OwnershipTable, a_lease_end_saturates_instead_of_wrapping) {
   EXPECT_EQ(grant.lease_expires_ms, INT64_MAX);
 }
 
+TEST(OwnershipTable, an_offered_range_is_claimed_by_its_target_at_once_at_a_new_epoch) {
+  OwnershipTable table;
+  const Grant old = AsGrant(table.Claim(Range(0, 99), Owner("a"), 0, kTtl));
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), old.epoch, 1'000, Owner("b"), kTtl));
+  const Grant next = AsGrant(table.Claim(Range(0, 99), Owner("b"), 1'001, kTtl));
+  EXPECT_TRUE(next.fresh);
+  EXPECT_GT(next.epoch, old.epoch);
+  EXPECT_FALSE(table.rows().front().offered_to.has_value());
+  EXPECT_EQ(table.Renew(Range(0, 99), Owner("a"), old.epoch, 1'002, kTtl),
+            Decision(Lost{Range(0, 99)}));
+}
+
+TEST(OwnershipTable, an_offered_range_refuses_everyone_else_naming_the_target_until_the_window_ends) {
+  OwnershipTable table;
+  const Grant old = AsGrant(table.Claim(Range(0, 99), Owner("a"), 0, kTtl));
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), old.epoch, 1'000, Owner("b"), kTtl));
+  const auto refused = table.Claim(Range(50, 60), Owner("c"), 1'001, kTtl);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(std::get<Held>(*refused), (Held{Range(0, 99), "b", 31'000, true}));
+  EXPECT_EQ(DescribeDecision(*refused),
+            "slot range 0-99 is offered to 'b' until 1970-01-01 00:00:31 UTC");
+  // The owner that offered it gave it away: no reclaim, no renewal.
+  EXPECT_TRUE(std::holds_alternative<Held>(*table.Claim(Range(0, 99), Owner("a"), 1'001, kTtl)));
+  EXPECT_EQ(table.Renew(Range(0, 99), Owner("a"), old.epoch, 1'001, kTtl),
+            Decision(Lost{Range(0, 99)}));
+  // The window passes unclaimed: anyone may claim, as after a release.
+  EXPECT_TRUE(AsGrant(table.Claim(Range(0, 99), Owner("c"), 31'000, kTtl)).fresh);
+}
+
+TEST(OwnershipTable, an_offer_ends_the_lease_now_and_needs_the_exact_row) {
+  OwnershipTable table;
+  const Grant old = AsGrant(table.Claim(Range(0, 99), Owner("a"), 0, kTtl));
+  EXPECT_FALSE(table.Offer(Range(0, 99), Owner("a"), Epoch(old.epoch.value() + 1), 1'000,
+                           Owner("b"), kTtl));
+  EXPECT_FALSE(table.Offer(Range(0, 99), Owner("c"), old.epoch, 1'000, Owner("b"), kTtl));
+  EXPECT_FALSE(table.rows().front().offered_to.has_value());
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), old.epoch, 1'000, Owner("b"), kTtl));
+  EXPECT_EQ(table.rows().front().lease_expires_ms, 1'000);
+  EXPECT_EQ(table.rows().front().offer_expires_ms, 31'000);
+}
+
 }  // namespace
 }  // namespace fleetfs::lease

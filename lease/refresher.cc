@@ -119,6 +119,42 @@ ReleasePlan Refresher::StartRelease(bool all_shipped) {
   return plan;
 }
 
+Result<Refresher::HandoffSend> Refresher::StartHandoff(SlotRange range,
+                                                       const std::optional<OwnerId>& to,
+                                                       std::function<void(Result<bool>)> done) {
+  HostOwnership::HandoffStart start;
+  {
+    std::lock_guard lock(shared_->mu);
+    FLEETFS_ASSIGN_OR_RETURN(start, shared_->host.StartHandoff(range));
+  }
+  if (start.wait) return HandoffSend::kWait;
+  if (!start.release) return HandoffSend::kNothingHeld;
+  const OwnerId& owner = shared_->host.owner();
+  const Millis window = shared_->host.ttl();
+  shared_->executor([shared = shared_, call = *start.release, owner, to, window,
+                     done = std::move(done)] {
+    Result<bool> answer = to ? shared->store->Offer(call.range, owner, call.epoch, *to, window)
+                             : shared->store->Release(call.range, owner, call.epoch);
+    done(std::move(answer));
+  });
+  return HandoffSend::kSent;
+}
+
+void Refresher::Unpark(SlotRange range) {
+  std::lock_guard lock(shared_->mu);
+  shared_->host.Unpark(range);
+}
+
+bool Refresher::parked(SlotRange range) const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->host.parked(range);
+}
+
+std::vector<SlotRange> Refresher::UnheldRanges() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->host.UnheldRanges();
+}
+
 int Refresher::released() const {
   std::lock_guard lock(shared_->mu);
   return shared_->released;

@@ -60,6 +60,19 @@ class Refresher {
   ReleasePlan StartRelease(bool all_shipped);
   int released() const;
 
+  // Planned handover of `range` (HostOwnership::StartHandoff): parks it and
+  // sends the store's Offer to `to`, or Release when `to` is empty. `done`
+  // gets the answer on the executor's thread. kWait: a call of the range is
+  // running; ask again later. kNothingHeld: parked, no call needed.
+  enum class HandoffSend { kWait, kSent, kNothingHeld };
+  Result<HandoffSend> StartHandoff(SlotRange range, const std::optional<OwnerId>& to,
+                                   std::function<void(Result<bool>)> done);
+  void Unpark(SlotRange range);
+  bool parked(SlotRange range) const;
+  std::vector<SlotRange> UnheldRanges() const;
+  const OwnerId& owner() const { return shared_->host.owner(); }
+  OwnershipStore& store() const { return *shared_->store; }
+
  private:
   struct Shared {
     Shared(std::shared_ptr<OwnershipStore> s, const MonotonicClock& c, Executor e, HostOwnership h)

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <condition_variable>
 #include <map>
 #include <set>
@@ -40,6 +42,11 @@ class GatedStore final : public OwnershipStore {
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override {
     std::lock_guard lock(mu_);
     return table_.Release(range, owner, epoch, clock_.NowMs());
+  }
+  Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
+                     Millis window) override {
+    std::lock_guard lock(mu_);
+    return table_.Offer(range, owner, epoch, clock_.NowMs(), to, window);
   }
   Result<OwnershipTable> Read() override {
     std::lock_guard lock(mu_);
@@ -241,6 +248,35 @@ TEST(Refresher, a_fence_drops_the_range_while_the_others_serve) {
   a->Start();
   ASSERT_TRUE(Eventually([&] { return !a->refresh_open(); }));
   EXPECT_EQ(a->last_report().claimed, (std::vector{std::pair(Range(0, 9), Epoch(41))}));
+}
+
+TEST(Refresher, a_handoff_waits_for_a_hung_call_then_offers_the_range_and_the_target_claims_it) {
+  Rig rig;
+  auto a = rig.Make("a", {Range(0, 9)});
+  auto b = rig.Make("b", {Range(0, 9)});
+  ASSERT_TRUE(a->Start());
+  ASSERT_TRUE(Eventually([&] { return !a->refresh_open(); }));
+  rig.store->Block(Range(0, 9));
+  rig.Advance(kStep);
+  ASSERT_TRUE(a->Start());  // its renew hangs
+  ASSERT_TRUE(Eventually([&] { return rig.store->calls(Range(0, 9)) == 2; }));
+  std::atomic<int> answers{0};
+  auto done = [&](Result<bool> answer) {
+    EXPECT_TRUE(answer.ok() && *answer);
+    ++answers;
+  };
+  EXPECT_EQ(*a->StartHandoff(Range(0, 9), Owner("b"), done), Refresher::HandoffSend::kWait);
+  rig.store->Unblock();
+  ASSERT_TRUE(Eventually([&] { return !a->Unsettled(); }));
+  EXPECT_EQ(*a->StartHandoff(Range(0, 9), Owner("b"), done), Refresher::HandoffSend::kSent);
+  ASSERT_TRUE(Eventually([&] { return answers == 1; }));
+  EXPECT_TRUE(a->parked(Range(0, 9)));
+  EXPECT_FALSE(a->EpochFor(5).has_value());
+  // b claims it at once, at a new epoch, long before a's lease would end.
+  ASSERT_TRUE(b->Start());
+  ASSERT_TRUE(Eventually([&] { return !b->refresh_open(); }));
+  EXPECT_EQ(b->EpochFor(5), Epoch(2));
+  EXPECT_TRUE(a->UnheldRanges() == std::vector{Range(0, 9)});
 }
 
 }  // namespace

@@ -19,8 +19,9 @@ constexpr int kApplicationId = 0x666c6673;
 // 1: expiries on the wall clock (lease_expires_ms). 2: expiries on the boot
 // clock with the boot id beside each row. A fleetfs that knows only 1 refuses
 // a file of 2 ("newer than this fleetfs knows"), which keeps it from reading
-// boot times as wall times.
-constexpr int kSchemaVersion = 2;
+// boot times as wall times. 3: offers (a release to one named owner, who alone
+// may claim for a window); a fleetfs that knows only 2 would claim over them.
+constexpr int kSchemaVersion = 3;
 // A live lease of schema 1 keeps at most this much of what it had left when
 // it is migrated: the longest ttl (a wall clock set back could otherwise
 // make it last for ever).
@@ -34,6 +35,8 @@ CREATE TABLE fleetfs_slot_owners (
     epoch            INTEGER NOT NULL UNIQUE CHECK (epoch > 0),
     lease_expires_boot_ms INTEGER NOT NULL,  -- CLOCK_BOOTTIME of lease_boot_id, in ms
     lease_boot_id    TEXT    NOT NULL,
+    offered_to       TEXT    CHECK (offered_to IS NULL OR length(offered_to) BETWEEN 1 AND 128),
+    offer_expires_boot_ms INTEGER NOT NULL DEFAULT 0,  -- same boot as the lease's
     PRIMARY KEY (range_start, range_end)
 );
 CREATE TABLE fleetfs_epoch_counter (
@@ -249,10 +252,14 @@ Result<OwnershipTable> LoadTable(const std::string& path, Sql& sql, const Schema
   FLEETFS_ASSIGN_OR_RETURN(
       Statement rows,
       sql.Prepare(wall_expiries
-                      ? "SELECT range_start, range_end, owner_id, epoch, lease_expires_ms, '' "
-                        "FROM fleetfs_slot_owners"
+                      ? "SELECT range_start, range_end, owner_id, epoch, lease_expires_ms, '', "
+                        "NULL, 0 FROM fleetfs_slot_owners"
+                  : schema.version == 2
+                      ? "SELECT range_start, range_end, owner_id, epoch, lease_expires_boot_ms, "
+                        "lease_boot_id, NULL, 0 FROM fleetfs_slot_owners"
                       : "SELECT range_start, range_end, owner_id, epoch, lease_expires_boot_ms, "
-                        "lease_boot_id FROM fleetfs_slot_owners"));
+                        "lease_boot_id, offered_to, offer_expires_boot_ms "
+                        "FROM fleetfs_slot_owners"));
   std::vector<OwnershipRow> loaded;
   int rc;
   while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
@@ -272,13 +279,26 @@ Result<OwnershipTable> LoadTable(const std::string& path, Sql& sql, const Schema
     }
     const std::int64_t stored = sqlite3_column_int64(rows.get(), 4);
     BootMs expires = 0;
+    BootMs offer_expires = 0;
+    const bool this_boot = !wall_expiries && column_text(5) == now.boot_id;
     if (wall_expiries) {
       expires = FromWallExpiry(stored, now);
-    } else if (column_text(5) == now.boot_id) {
+    } else if (this_boot) {
       expires = stored;
+      offer_expires = sqlite3_column_int64(rows.get(), 7);
     }
-    loaded.push_back(
-        OwnershipRow{*range, *owner, Epoch(static_cast<std::uint64_t>(epoch)), expires});
+    OwnershipRow row{*range, *owner, Epoch(static_cast<std::uint64_t>(epoch)), expires};
+    if (sqlite3_column_type(rows.get(), 6) != SQLITE_NULL) {
+      auto to = OwnerId::Make(column_text(6));
+      if (!to.ok()) {
+        return DataLoss("control database " + path + ": the offer of row " + range->ToString() +
+                        " is invalid: " + to.status().message());
+      }
+      // An offer of another boot has ended with its lease.
+      row.offered_to = *to;
+      row.offer_expires_ms = offer_expires;
+    }
+    loaded.push_back(std::move(row));
   }
   if (rc != SQLITE_DONE) return sql.Error(rc, "reading the ownership rows");
   FLEETFS_ASSIGN_OR_RETURN(std::int64_t last,
@@ -298,15 +318,24 @@ void BindRow(sqlite3_stmt* statement, const OwnershipRow& row, const std::string
   sqlite3_bind_int64(statement, 5, row.lease_expires_ms);
   sqlite3_bind_text(statement, 6, boot_id.data(), static_cast<int>(boot_id.size()),
                     SQLITE_TRANSIENT);
+  if (row.offered_to) {
+    sqlite3_bind_text(statement, 7, row.offered_to->str().data(),
+                      static_cast<int>(row.offered_to->str().size()), SQLITE_TRANSIENT);
+  } else {
+    sqlite3_bind_null(statement, 7);
+  }
+  sqlite3_bind_int64(statement, 8, row.offered_to ? row.offer_expires_ms : 0);
 }
 
 constexpr const char* kUpsertSql =
     "INSERT INTO fleetfs_slot_owners "
-    "(range_start, range_end, owner_id, epoch, lease_expires_boot_ms, lease_boot_id) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (range_start, range_end) DO UPDATE SET "
+    "(range_start, range_end, owner_id, epoch, lease_expires_boot_ms, lease_boot_id, "
+    "offered_to, offer_expires_boot_ms) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (range_start, range_end) DO UPDATE SET "
     "owner_id = excluded.owner_id, epoch = excluded.epoch, "
     "lease_expires_boot_ms = excluded.lease_expires_boot_ms, "
-    "lease_boot_id = excluded.lease_boot_id";
+    "lease_boot_id = excluded.lease_boot_id, offered_to = excluded.offered_to, "
+    "offer_expires_boot_ms = excluded.offer_expires_boot_ms";
 
 // Writes the rows of `after` that differ from `before`, and the counter. A
 // written row's expiry is on this boot's clock, so it carries this boot's id.
@@ -383,6 +412,18 @@ Status MigrateFromWallClock(Sql& sql, const StoreNow& now) {
                       SQLITE_TRANSIENT);
     FLEETFS_RETURN_IF_ERROR(sql.Done(update.get(), "migrating a row to the boot clock"));
   }
+  return sql.Exec("PRAGMA user_version = 2", "marking the migrated schema");
+}
+
+// Schema 2 to 3, inside the caller's write transaction: rows gain an offer
+// (none). Everything else is kept as it is.
+Status AddOffers(Sql& sql) {
+  FLEETFS_RETURN_IF_ERROR(
+      sql.Exec("ALTER TABLE fleetfs_slot_owners ADD COLUMN offered_to TEXT "
+               "CHECK (offered_to IS NULL OR length(offered_to) BETWEEN 1 AND 128); "
+               "ALTER TABLE fleetfs_slot_owners "
+               "ADD COLUMN offer_expires_boot_ms INTEGER NOT NULL DEFAULT 0",
+               "migrating the schema: rows gain offers"));
   return sql.Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str(),
                   "marking the migrated schema");
 }
@@ -452,8 +493,11 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
                     "; PRAGMA user_version = " + std::to_string(kSchemaVersion))
                        .c_str(),
                    "marking the schema"));
-    } else if (schema.version == 1) {
-      FLEETFS_RETURN_IF_ERROR(MigrateFromWallClock(sql, NowOf(boot, wall)));
+    } else {
+      if (schema.version == 1) {
+        FLEETFS_RETURN_IF_ERROR(MigrateFromWallClock(sql, NowOf(boot, wall)));
+      }
+      if (schema.version <= 2) FLEETFS_RETURN_IF_ERROR(AddOffers(sql));
     }
     FLEETFS_RETURN_IF_ERROR(write.Commit("committing the schema"));
   }
@@ -521,7 +565,10 @@ Result<T> SqliteStore::Decide(Durability durability, DecideFn&& decide) {
       return Status(Code::kFailedPrecondition,
                     "control database " + path_ + ": schema version " +
                         std::to_string(schema.version) +
-                        " has wall-clock expiries; a claim or an agent migrates it first");
+                        (schema.version == 1 ? " has wall-clock expiries"
+                                             : " keeps no offers (this fleetfs's is " +
+                                                   std::to_string(kSchemaVersion) + ")") +
+                        "; a claim or an agent migrates it first");
     }
     FLEETFS_ASSIGN_OR_RETURN(const OwnershipTable before, LoadTable(path_, sql, schema, now));
     OwnershipTable after = before;
@@ -592,6 +639,18 @@ Result<bool> SqliteStore::Release(SlotRange range, const OwnerId& owner, Epoch e
   return Decide<bool>(Durability::kUnsynced,
                       [&](OwnershipTable& table, BootMs now) -> Result<bool> {
                         return table.Release(range, owner, epoch, now);
+                      });
+}
+
+// Unsynced, as a release: it writes only the one row that stays (range,
+// owner, epoch), its expiry and its offer; an OS crash that loses it is a
+// reboot, after which every row of this boot loads lapsed and its offer
+// ended anyway.
+Result<bool> SqliteStore::Offer(SlotRange range, const OwnerId& owner, Epoch epoch,
+                                const OwnerId& to, Millis window) {
+  return Decide<bool>(Durability::kUnsynced,
+                      [&](OwnershipTable& table, BootMs now) -> Result<bool> {
+                        return table.Offer(range, owner, epoch, now, to, window);
                       });
 }
 

@@ -75,6 +75,9 @@ class SqliteStore final : public OwnershipStore {
   Result<Decision> Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
                          Millis ttl) override;
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
+  Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
+                     Millis window) override;
+  bool keeps_offers() const override { return true; }
   Result<OwnershipTable> Read() override;
   // The boot clock: the frame of this store's expiries.
   BootMs NowMs() const override { return boot_.NowMs(); }

@@ -531,7 +531,7 @@ TEST(SqliteStore, a_corrupt_row_is_reported_not_served) {
   ASSERT_NE(OpenOrDie(path, clock), nullptr);
   RunSql(path,
          "PRAGMA ignore_check_constraints=ON; INSERT INTO fleetfs_slot_owners VALUES "
-         "(0, 9, 'a', 1, 0, 'boot-1'), (5, 20, 'b', 2, 0, 'boot-1')");
+         "(0, 9, 'a', 1, 0, 'boot-1', NULL, 0), (5, 20, 'b', 2, 0, 'boot-1', NULL, 0)");
   auto store = OpenOrDie(path, clock);
   const auto claim = store->Claim(Range(100, 200), Owner("c"), kTtl, 0);
   EXPECT_EQ(claim.status().code(), Code::kDataLoss);
@@ -864,7 +864,7 @@ TEST(SqliteStore, a_schema_1_file_is_migrated_in_place_keeping_rows_epochs_and_c
   const std::string path = MakeSchemaV1(dir);
   FakeClocks clock(50'000, "boot-9");
   auto store = OpenOrDie(path, clock);
-  EXPECT_EQ(UserVersion(path), 2);
+  EXPECT_EQ(UserVersion(path), 3);
   // Another boot reads what the migration wrote: every row of boot-9.
   {
     FakeClocks other(50'000, "boot-10");
@@ -903,12 +903,52 @@ TEST(SqliteStore, a_schema_1_file_is_not_decided_on_by_a_listing_store) {
   EXPECT_EQ(UserVersion(path), 1);
 }
 
+TEST(SqliteStore, an_offer_lets_only_its_target_claim_and_shows_in_the_table) {
+  TempDir dir;
+  FakeClocks clock(0);
+  const std::string path = dir.File("control.db");
+  auto store = OpenOrDie(path, clock);
+  const Grant old = AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  clock.Advance(Millis(1'000));
+  ASSERT_TRUE(*store->Offer(Range(0, 99), Owner("a"), old.epoch, Owner("b"), kTtl));
+  // Another process reads it from the file.
+  auto reader = OpenOrDie(path, clock, SqliteStore::Access::kExisting);
+  const auto table = reader->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 1u);
+  EXPECT_EQ(table->rows()[0].offered_to, Owner("b"));
+  EXPECT_EQ(table->rows()[0].offer_expires_ms, 31'000);
+  EXPECT_EQ(table->rows()[0].lease_expires_ms, 1'000);
+  const auto refused = store->Claim(Range(0, 99), Owner("c"), kTtl, 0);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(std::get<Held>(*refused), (Held{Range(0, 99), "b", 31'000, true}));
+  EXPECT_TRUE(std::holds_alternative<Held>(*store->Claim(Range(0, 99), Owner("a"), kTtl, 0)));
+  const Grant next = AsGrant(reader->Claim(Range(0, 99), Owner("b"), kTtl, 0));
+  EXPECT_TRUE(next.fresh);
+  EXPECT_GT(next.epoch, old.epoch);
+  EXPECT_FALSE(store->Read()->rows()[0].offered_to.has_value());
+}
+
+TEST(SqliteStore, an_offer_of_another_boot_has_ended) {
+  TempDir dir;
+  const std::string path = dir.File("control.db");
+  {
+    FakeClocks before(900'000'000, "boot-1");
+    auto store = OpenOrDie(path, before);
+    AsGrant(store->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+    ASSERT_TRUE(*store->Offer(Range(0, 99), Owner("a"), Epoch(1), Owner("b"), Millis(3'600'000)));
+  }
+  FakeClocks after(5'000, "boot-2");
+  auto store = OpenOrDie(path, after);
+  EXPECT_TRUE(AsGrant(store->Claim(Range(0, 99), Owner("c"), kTtl, 0)).fresh);
+}
+
 TEST(SqliteStore, a_schema_newer_than_this_fleetfs_is_refused) {
   TempDir dir;
   FakeClocks clock(0);
   const std::string path = dir.File("control.db");
   ASSERT_NE(OpenOrDie(path, clock), nullptr);
-  RunSql(path, "PRAGMA user_version = 3");
+  RunSql(path, "PRAGMA user_version = 4");
   const auto store = SqliteStore::Open(path, clock, {.boot = &clock.boot});
   EXPECT_EQ(store.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(store.status().message().find("upgrade fleetfs"), std::string::npos);

@@ -5,6 +5,7 @@ namespace {
 
 constexpr std::string_view kStatusName = "status.json";
 constexpr std::string_view kRangesName = "ranges";
+constexpr std::string_view kControlName = "control";
 
 }  // namespace
 
@@ -13,6 +14,7 @@ Ino ControlFiles::Lookup(Ino parent, std::string_view name) {
   if (parent != kControlDirIno) return 0;
   if (name == kStatusName) return kStatusIno;
   if (name == kRangesName) return kRangesIno;
+  if (name == kControlName) return kControlIno;
   return 0;
 }
 
@@ -25,6 +27,9 @@ struct stat ControlFiles::Attr(Ino ino, const struct timespec& mtime) {
   if (ino == kControlDirIno) {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2;
+  } else if (ino == kControlIno) {
+    st.st_mode = S_IFREG | 0666;  // the mount checks the caller, see the header
+    st.st_nlink = 1;
   } else {
     // Made at open; the size is unknown until then (direct I/O reads to EOF).
     st.st_mode = S_IFREG | 0444;
@@ -35,10 +40,12 @@ struct stat ControlFiles::Attr(Ino ino, const struct timespec& mtime) {
 
 std::vector<ControlFiles::Entry> ControlFiles::List() {
   return {{std::string(kStatusName), kStatusIno, S_IFREG},
-          {std::string(kRangesName), kRangesIno, S_IFREG}};
+          {std::string(kRangesName), kRangesIno, S_IFREG},
+          {std::string(kControlName), kControlIno, S_IFREG}};
 }
 
 std::string ControlFiles::Contents(Ino ino) const {
+  if (ino == kControlIno) return std::string();
   const auto& make = ino == kStatusIno ? status_json_ : ranges_text_;
   return make ? make() : std::string();
 }

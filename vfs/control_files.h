@@ -2,6 +2,14 @@
 //
 //   .fleetfs/status.json   the agent's state (DESIGN section 6)
 //   .fleetfs/ranges        the served ranges, one a line
+//   .fleetfs/control       write-only requests (handoff, drain) from root or
+//                          the agent's own user; the reply is read back from
+//                          the same descriptor
+//
+// The control file's mode is 0666 on purpose: the kernel lets every open
+// through, and the mount itself refuses (EACCES, and a log line) every
+// caller that is neither uid 0 nor the agent's effective uid, at open and
+// again at each write (a descriptor may be passed to another process).
 //
 // Their contents are made anew at each open (by the agent's functions, on the
 // FUSE thread that answers the open) and never cached by the kernel.
@@ -37,7 +45,12 @@ class ControlFiles {
 
   // The control directory or one of its files.
   static bool Is(Ino ino) { return ino == kControlDirIno || IsFile(ino); }
-  static bool IsFile(Ino ino) { return ino == kStatusIno || ino == kRangesIno; }
+  static bool IsFile(Ino ino) {
+    return ino == kStatusIno || ino == kRangesIno || ino == kControlIno;
+  }
+  // Whether `uid` may send requests through .fleetfs/control: root, or the
+  // user the agent runs as.
+  static bool MayControl(uid_t uid, uid_t agent_euid) { return uid == 0 || uid == agent_euid; }
   // The inode of `name` in `parent` (the root or the control directory), or
   // 0 when it is none of them.
   static Ino Lookup(Ino parent, std::string_view name);

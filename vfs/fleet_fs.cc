@@ -174,6 +174,8 @@ class FleetFs::Impl final : public FencedFiles {
   static void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
   static void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
   static void Fsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
+  // A request written to .fleetfs/control: one write is one request.
+  void WriteControl(fuse_req_t req, VirtualHandle& h, std::string_view request);
   static void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
   static void Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                       fuse_file_info* fi);
@@ -228,8 +230,9 @@ class FleetFs::Impl final : public FencedFiles {
     return open_tenants_.contains(main_path);
   }
   const ServedRange* ServingName(const ServingView& view, const FleetFile& file) const {
-    if (view.accepting()) return view.Find(file.slot, Now());
-    return view.ForName(file.slot, Now(), TenantOpen(file.main_path));
+    const ServedRange* range = view.Find(file.slot, Now());
+    if (range == nullptr || (view.accepting() && range->accepting)) return range;
+    return TenantOpen(file.main_path) ? range : nullptr;
   }
   void BeforeBackingCall() {
     if (options_.before_backing_write) options_.before_backing_write();
@@ -975,6 +978,24 @@ int FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_inf
 
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
+  if (ino == kControlIno) {
+    const uid_t uid = fuse_req_ctx(req)->uid;
+    if (!ControlFiles::MayControl(uid, ::geteuid())) {
+      spdlog::warn("vfs: refused an open of .fleetfs/control by uid {} (pid {}): only root or the "
+                   "agent's user (uid {}) may send requests",
+                   uid, fuse_req_ctx(req)->pid, ::geteuid());
+      self.Failed(req, Op::kOpen, EACCES);
+      return;
+    }
+    auto h = std::make_unique<VirtualHandle>();
+    h->control = true;
+    self.AddHandle(h.get());
+    fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
+    fi->direct_io = 1;
+    self.stats_.Count(Op::kOpen);
+    self.ReplyOpen(req, fi);
+    return;
+  }
   if (ControlFiles::IsFile(ino)) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
       self.Failed(req, Op::kOpen, EACCES);
@@ -1135,6 +1156,8 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
                          fuse_file_info* fi) {
   Impl& self = Self(req);
   if (VirtualHandle* v = HandleAs<VirtualHandle>(fi); v != nullptr) {
+    std::unique_lock<std::mutex> lock;
+    if (v->control) lock = std::unique_lock(v->mu);
     const std::string& c = v->content;
     size_t start = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), c.size());
     // The reply is sent from a copy: once the kernel has it, the reader may
@@ -1142,6 +1165,7 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
     // is still returning from the write to /dev/fuse.
     thread_local std::string chunk;
     chunk.assign(c, start, std::min(size, c.size() - start));
+    if (lock) lock.unlock();
     self.stats_.Count(Op::kRead);
     fuse_reply_buf(req, chunk.data(), chunk.size());
     return;
@@ -1167,6 +1191,14 @@ void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
 void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                           fuse_file_info* fi) {
   Impl& self = Self(req);
+  if (VirtualHandle* v = HandleAs<VirtualHandle>(fi); v != nullptr) {
+    if (!v->control) {
+      self.Failed(req, Op::kWrite, EBADF);
+      return;
+    }
+    self.WriteControl(req, *v, std::string_view(buf, size));
+    return;
+  }
   FileHandle* h = HandleAs<FileHandle>(fi);
   if (h == nullptr) {
     self.Failed(req, Op::kWrite, EBADF);  // a control file or directory: never written
@@ -1191,6 +1223,41 @@ void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t si
   }
   if (self.Failed(req, Op::kWrite, err)) return;
   fuse_reply_write(req, static_cast<size_t>(n));
+}
+
+// The largest request: a range, an owner id of at most 128 bytes, a verb.
+constexpr std::size_t kMaxControlRequest = 1024;
+
+void FleetFs::Impl::WriteControl(fuse_req_t req, VirtualHandle& h, std::string_view request) {
+  // Checked again at each write: a descriptor opened by root may have been
+  // passed to another process.
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  if (!ControlFiles::MayControl(ctx->uid, ::geteuid())) {
+    spdlog::warn("vfs: refused a request on .fleetfs/control from uid {} (pid {}): only root or "
+                 "the agent's user (uid {}) may send requests",
+                 ctx->uid, ctx->pid, ::geteuid());
+    Failed(req, Op::kWrite, EACCES);
+    return;
+  }
+  MountOptions::ControlReply reply;
+  if (request.size() > kMaxControlRequest) {
+    reply.text = "error: a control request is at most " + std::to_string(kMaxControlRequest) +
+                 " bytes, written in one write\n";
+  } else if (!options_.control) {
+    reply.text = "error: this mount takes no control requests\n";
+  } else {
+    reply = options_.control(request);
+  }
+  {
+    std::lock_guard lock(h.mu);
+    h.content = reply.text;
+  }
+  if (!reply.accepted) {
+    Failed(req, Op::kWrite, EINVAL);
+    return;
+  }
+  stats_.Count(Op::kWrite);
+  fuse_reply_write(req, request.size());
 }
 
 void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
@@ -1305,7 +1372,9 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
   MonoTime now = Now();
   while (dirent* ent = ::readdir(d)) {
     std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, ent->d_name);
-    if (!file || !view->accepting() || view->Find(file->slot, now) == nullptr) continue;
+    if (!file || !view->accepting()) continue;
+    const ServedRange* range = view->Find(file->slot, now);
+    if (range == nullptr || !range->accepting) continue;
     if (ent->d_type != DT_REG && ent->d_type != DT_UNKNOWN) continue;
     // The number is only reported to readdir callers; a lookup assigns the
     // inode the kernel uses.

@@ -58,6 +58,14 @@ struct MountOptions {
   // on a FUSE thread.
   std::function<std::string()> status_json;
   std::function<std::string()> ranges_text;
+  // Answers a request written to .fleetfs/control by an allowed caller (see
+  // control_files.h), on the FUSE thread of the write; it may block briefly.
+  // Unset: every request is refused.
+  struct ControlReply {
+    bool accepted = false;
+    std::string text;  // read back from the descriptor; ends with a newline
+  };
+  std::function<ControlReply(std::string_view request)> control;
   // Called once, from the session's thread, when the session ends without
   // Unmount (someone unmounted it, or the kernel aborted the connection).
   std::function<void()> on_session_end;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,14 @@ struct FileHandle final : Handle {
   std::shared_ptr<TenantWatch> watch;  // replication's, for main, -wal and -journal
 };
 
-// An open control file: its content, made at open.
+// An open control file: its content, made at open. For .fleetfs/control
+// (`control`), the reply to the last request written, which a write
+// replaces: the kernel may run a read and a write of one descriptor at once.
 struct VirtualHandle final : Handle {
   static constexpr HandleKind kKind = HandleKind::kVirtual;
   VirtualHandle() : Handle(kKind) {}
+  bool control = false;
+  std::mutex mu;        // guards content of a control handle
   std::string content;
 };
 

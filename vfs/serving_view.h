@@ -39,6 +39,9 @@ struct ServedRange {
   Slot last = 0;
   ServingToken token;
   MonoTime valid_until{};  // the local lease's end
+  // false: the range drains before a handoff; its open handles go on, but
+  // no new name is looked up, opened or created (as a view not accepting).
+  bool accepting = true;
   bool operator==(const ServedRange&) const = default;
 };
 
@@ -78,8 +81,11 @@ class ServingView {
   // (`tenant_open`): its open transactions must be able to finish, and a
   // rollback-journal transaction creates and deletes its -journal. A tenant
   // with no open handle is new here, and refused.
+  // A range that drains (ServedRange::accepting false) follows the same rule.
   const ServedRange* ForName(Slot slot, MonoTime now, bool tenant_open) const {
-    return accepting_ || tenant_open ? Find(slot, now) : nullptr;
+    const ServedRange* range = Find(slot, now);
+    if (range == nullptr) return nullptr;
+    return (accepting_ && range->accepting) || tenant_open ? range : nullptr;
   }
   bool accepting() const { return accepting_; }
   const std::vector<ServedRange>& ranges() const { return ranges_; }

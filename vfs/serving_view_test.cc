@@ -20,6 +20,17 @@ ServingView View(std::vector<ServedRange> ranges, bool accepting = true) {
   return view.ok() ? *view : ServingView();
 }
 
+TEST(ServingView, a_draining_range_admits_new_names_only_for_tenants_with_open_handles) {
+  ServedRange draining = Range(0, 99, 3, 1, kT0 + seconds(10));
+  draining.accepting = false;
+  ServingView view = View({draining, Range(100, 199, 4, 1, kT0 + seconds(10))});
+  EXPECT_EQ(view.ForName(5, kT0, /*tenant_open=*/false), nullptr);
+  EXPECT_NE(view.ForName(5, kT0, /*tenant_open=*/true), nullptr);
+  EXPECT_NE(view.ForName(150, kT0, /*tenant_open=*/false), nullptr) << "other ranges go on";
+  // Its handles are admitted as before.
+  EXPECT_TRUE(view.Admits(5, ServingToken{3, 1}, kT0));
+}
+
 TEST(ServingView, a_slot_is_served_by_the_range_that_contains_it_until_its_local_lease_ends) {
   ServingView view = View({Range(100, 199, 7, 1, kT0 + seconds(20)),
                            Range(0, 99, 3, 1, kT0 + seconds(10))});

@@ -83,6 +83,9 @@ class Replicator::Impl {
   void Deleted(const FleetFile& main, std::uint64_t epoch);
   void Warm(Slot first, Slot last, std::uint64_t epoch);
   bool Flush(MonoTime deadline);
+  bool FlushRange(MonoTime deadline, Slot first, Slot last);
+  // Whether no tenant of [first, last] has a commit or a tombstone left to ship.
+  bool RangeShipped(Slot first, Slot last) const;
   double LagSeconds(Slot first, Slot last) const;
   ReplicationStats Stats() const;
 

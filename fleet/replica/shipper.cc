@@ -955,4 +955,32 @@ bool Replicator::Impl::Flush(MonoTime deadline) {
   }
 }
 
+bool Replicator::Impl::RangeShipped(Slot first, Slot last) const {
+  std::vector<std::shared_ptr<Tenant>> in_range;
+  {
+    std::lock_guard lock(tenants_mu_);
+    for (const Tombstone& t : tombstones_) {
+      if (t.main.slot >= first && t.main.slot <= last) return false;
+    }
+    for (const auto& [path, tenant] : tenants_) {
+      if (tenant->main().slot >= first && tenant->main().slot <= last) in_range.push_back(tenant);
+    }
+  }
+  for (const auto& tenant : in_range) {
+    const Capture& c = tenant->capture();
+    if (c.unshipped() || c.oldest_pending_ms() != 0 || c.dropped_bytes() != 0) return false;
+  }
+  return true;
+}
+
+bool Replicator::Impl::FlushRange(MonoTime deadline, Slot first, Slot last) {
+  while (true) {
+    // A round ships every tenant; only this range's must be clean (others
+    // may go on being written meanwhile).
+    if (Round() || RangeShipped(first, last)) return true;
+    if (o_.mono->Now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 }  // namespace fleetfs::replica

@@ -68,6 +68,27 @@ class EtcdMount(MountTest):
         self.assertGreater(rows[0]["epoch"], epoch)
         print(f"\nb serving {time.monotonic() - stopped:.2f} s after a's SIGTERM")
 
+    def test_a_handoff_on_an_etcd_store_is_claimed_by_its_target_at_once_and_back(self):
+        a = self.agent("a", ttl=f"{TTL_S}s").start()
+        a.wait_states("serving", timeout=30)
+        b = self.agent("b", ttl=f"{TTL_S}s").start()
+        b.wait_states("waiting", timeout=30)
+        tenant = tenants_in(0, 16383, 1, prefix="etcdhandoff")[0]
+        rel = slots(tenant)[tenant]["tenant_path"]
+        db = sqlite3.connect(os.path.join(a.mount, rel))
+        db.execute("CREATE TABLE t(x)")
+        db.commit()
+        db.close()
+        for src, dst in ((a, b), (b, a)):
+            r = subprocess.run([BINARY, "handoff", "0-16383", "--to", dst.owner, "--mount",
+                                src.mount, "--timeout", "30"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr + src.log_tail())
+            self.assertIn(f"handed over to '{dst.owner}'", r.stdout)
+            dst.wait_states("serving", timeout=30)
+            self.assertEqual(src.states(), ["handed-off"])
+            rows = self.table()["rows"]
+            self.assertEqual([(r["range"], r["owner"]) for r in rows], [("0-16383", dst.owner)])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,298 @@
+#include "agent/handoff.h"
+
+#include <algorithm>
+
+#include "lease/lease_ttl.h"
+
+namespace fleetfs::agent {
+namespace {
+
+void Log(HandoffActions& out, LogLine::Level level, std::string text) {
+  out.log.push_back(LogLine{level, std::move(text)});
+}
+
+Result<lease::OwnerId> ParseTarget(std::string_view word) {
+  auto owner = lease::OwnerId::Make(word);
+  if (!owner.ok()) {
+    return InvalidArgument("target owner '" + lease::Printable(word) +
+                           "': " + owner.status().message());
+  }
+  return *owner;
+}
+
+}  // namespace
+
+Result<ControlRequest> ParseControlRequest(std::string_view text) {
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  if (text.find('\n') != std::string_view::npos) {
+    return InvalidArgument("a control request is one line; this one has several");
+  }
+  std::vector<std::string_view> words;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t space = text.find(' ', start);
+    words.push_back(text.substr(start, space == std::string_view::npos ? space : space - start));
+    if (space == std::string_view::npos) break;
+    start = space + 1;
+  }
+  for (std::string_view word : words) {
+    if (word.empty()) {
+      return InvalidArgument("control request '" + lease::Printable(text) +
+                             "': words are separated by single spaces, with none at either end");
+    }
+  }
+  ControlRequest request;
+  const std::string_view verb = words.front();
+  const std::string usage =
+      "; a request is 'handoff RANGE OWNER', 'drain OWNER', 'drain -' or 'undo'";
+  if (verb == "handoff") {
+    if (words.size() != 3) {
+      return InvalidArgument("control request 'handoff' takes a range and an owner" + usage);
+    }
+    auto range = lease::SlotRange::Parse(words[1]);
+    if (!range.ok()) return range.status();
+    FLEETFS_ASSIGN_OR_RETURN(request.to, ParseTarget(words[2]));
+    request.verb = ControlRequest::Verb::kHandoff;
+    request.range = *range;
+    return request;
+  }
+  if (verb == "drain") {
+    if (words.size() != 2) {
+      return InvalidArgument("control request 'drain' takes an owner, or '-' for none" + usage);
+    }
+    request.verb = ControlRequest::Verb::kDrain;
+    if (words[1] != "-") {
+      FLEETFS_ASSIGN_OR_RETURN(request.to, ParseTarget(words[1]));
+    }
+    return request;
+  }
+  if (verb == "undo") {
+    if (words.size() != 1) return InvalidArgument("control request 'undo' takes nothing" + usage);
+    request.verb = ControlRequest::Verb::kUndo;
+    return request;
+  }
+  return InvalidArgument("control request '" + lease::Printable(verb.substr(0, 40)) +
+                         "' is unknown" + usage);
+}
+
+std::string FormatControlRequest(const ControlRequest& request) {
+  switch (request.verb) {
+    case ControlRequest::Verb::kHandoff:
+      return "handoff " + request.range->ToString() + " " + request.to->str() + "\n";
+    case ControlRequest::Verb::kDrain:
+      return std::string("drain ") + (request.to ? request.to->str() : "-") + "\n";
+    case ControlRequest::Verb::kUndo: return "undo\n";
+  }
+  return "";
+}
+
+std::string Handoffs::FormatMs(Millis ms) { return lease::FormatDuration(ms); }
+
+std::string Handoffs::Describe(lease::SlotRange range, const One& h) {
+  return "handoff of range " + range.ToString() +
+         (h.to ? " to '" + h.to->str() + "'" : std::string(" (released, no target)"));
+}
+
+Status Handoffs::Request(MonoTime now, lease::SlotRange range,
+                         const std::optional<lease::OwnerId>& to,
+                         const std::vector<lease::RangeStatus>& status,
+                         const lease::OwnerId& self) {
+  if (to && *to == self) {
+    return InvalidArgument("target owner '" + to->str() +
+                           "' is this agent; a handoff goes to another owner");
+  }
+  const auto configured = std::find_if(status.begin(), status.end(),
+                                       [&](const lease::RangeStatus& st) { return st.range == range; });
+  if (configured == status.end()) {
+    std::string ranges;
+    for (const auto& st : status) ranges += (ranges.empty() ? "" : ",") + st.range.ToString();
+    return InvalidArgument("slot range " + range.ToString() +
+                           " is not one of this agent's configured ranges (" + ranges +
+                           "); a handoff takes exactly a configured range");
+  }
+  if (auto it = handoffs_.find(range); it != handoffs_.end()) {
+    if (it->second.step != StepKind::kAbandoned) {
+      return InvalidArgument("slot range " + range.ToString() +
+                             " is being handed off already, or was (undo it with "
+                             "'fleetfs drain --undo')");
+    }
+  }
+  if (!configured->serving) {
+    return InvalidArgument("slot range " + range.ToString() +
+                           " is not served by this agent now; only a served range is handed off");
+  }
+  One h;
+  h.to = to;
+  h.step = StepKind::kDraining;
+  h.drain_deadline = now + options_.shutdown_grace;
+  handoffs_[range] = std::move(h);
+  return Status::Ok();
+}
+
+void Handoffs::StartStopWork(MonoTime now, lease::SlotRange range, One& h, std::size_t open,
+                             HandoffActions& out) {
+  if (open > 0) {
+    Log(out, LogLine::Level::kWarn,
+        Describe(range, h) + ": " + std::to_string(open) +
+            " handles still open after the shutdown grace; fencing them");
+  }
+  h.step = StepKind::kStopWork;
+  h.stop_deadline = now + options_.flush_limit;
+  out.publish = true;
+  out.stop_work.push_back(range);
+  Wake(out, h.stop_deadline);
+}
+
+void Handoffs::Abandon(lease::SlotRange range, One& h, std::string why, HandoffActions& out) {
+  h.step = StepKind::kAbandoned;
+  h.note = why;
+  out.publish = true;
+  Log(out, LogLine::Level::kWarn,
+      Describe(range, h) + " abandoned: " + why + "; serving the range again");
+}
+
+HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped) {
+  (void)now;
+  HandoffActions out;
+  auto it = handoffs_.find(range);
+  if (it == handoffs_.end() || it->second.step != StepKind::kStopWork) return out;  // too late
+  if (!all_shipped) {
+    Abandon(range, it->second, "committed transactions are not all shipped to the replica", out);
+    return out;
+  }
+  Log(out, LogLine::Level::kInfo,
+      Describe(range, it->second) + ": fenced, and every commit is shipped; releasing");
+  it->second.step = StepKind::kReleasing;
+  out.release.push_back(range);
+  return out;
+}
+
+HandoffActions Handoffs::ReleaseWaits(MonoTime now, lease::SlotRange range) {
+  HandoffActions out;
+  auto it = handoffs_.find(range);
+  if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
+  it->second.step = StepKind::kReleaseWait;
+  Wake(out, now + Millis(20));
+  return out;
+}
+
+HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sent,
+                                  const Result<bool>& answer) {
+  (void)now;
+  HandoffActions out;
+  auto it = handoffs_.find(range);
+  if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
+  One& h = it->second;
+  h.step = StepKind::kDone;
+  if (!sent) {
+    h.note = "the range was not held; nothing to release";
+  } else if (!answer.ok()) {
+    // Parked all the same: not served here, and its lease lapses within a ttl.
+    h.note = "the store did not confirm (" + answer.status().message() +
+             "); the lease lapses within a ttl instead";
+    Log(out, LogLine::Level::kWarn, Describe(range, h) + ": " + h.note);
+    return out;
+  } else if (!*answer) {
+    h.note = "the store no longer held the range for this agent at its epoch";
+  } else {
+    h.note = h.to ? "offered to '" + h.to->str() + "'" : "released";
+  }
+  Log(out, LogLine::Level::kInfo, Describe(range, h) + ": done, " + h.note);
+  return out;
+}
+
+std::set<lease::SlotRange> Handoffs::draining() const {
+  std::set<lease::SlotRange> out;
+  for (const auto& [range, h] : handoffs_) {
+    if (h.step == StepKind::kDraining) out.insert(range);
+  }
+  return out;
+}
+
+std::set<lease::SlotRange> Handoffs::withheld() const {
+  std::set<lease::SlotRange> out;
+  for (const auto& [range, h] : handoffs_) {
+    if (h.step != StepKind::kDraining && h.step != StepKind::kAbandoned) out.insert(range);
+  }
+  return out;
+}
+
+bool Handoffs::running() const {
+  return std::any_of(handoffs_.begin(), handoffs_.end(), [](const auto& entry) {
+    return entry.second.step != StepKind::kDone && entry.second.step != StepKind::kAbandoned;
+  });
+}
+
+std::vector<HandoffStatus> Handoffs::Report() const {
+  std::vector<HandoffStatus> out;
+  for (const auto& [range, h] : handoffs_) {
+    HandoffStatus st;
+    st.range = range;
+    st.to = h.to ? h.to->str() : "";
+    switch (h.step) {
+      case StepKind::kDraining: st.state = "draining"; break;
+      case StepKind::kStopWork: st.state = "fencing"; break;
+      case StepKind::kReleasing:
+      case StepKind::kReleaseWait: st.state = "releasing"; break;
+      case StepKind::kDone: st.state = "done"; break;
+      case StepKind::kAbandoned: st.state = "abandoned"; break;
+    }
+    st.note = h.note;
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+std::vector<lease::SlotRange> Handoffs::Undo() {
+  std::vector<lease::SlotRange> out;
+  for (auto it = handoffs_.begin(); it != handoffs_.end();) {
+    if (it->second.step == StepKind::kDone || it->second.step == StepKind::kAbandoned) {
+      out.push_back(it->first);
+      it = handoffs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+bool Handoffs::Forget(lease::SlotRange range) {
+  auto it = handoffs_.find(range);
+  if (it == handoffs_.end()) return true;
+  if (it->second.step != StepKind::kDone && it->second.step != StepKind::kAbandoned) return false;
+  handoffs_.erase(it);
+  return true;
+}
+
+bool OfferWatch::Due(MonoTime now, const std::vector<lease::SlotRange>& unheld) {
+  if (reading_ || unheld.empty() || now < last_ + interval_) return false;
+  reading_ = true;
+  last_ = now;
+  return true;
+}
+
+MonoTime OfferWatch::next(const std::vector<lease::SlotRange>& unheld) const {
+  if (reading_ || unheld.empty()) return MonoTime::max();
+  return last_ + interval_;
+}
+
+std::vector<lease::SlotRange> OfferWatch::Answered(const Result<lease::OwnershipTable>& table,
+                                                   const std::vector<lease::SlotRange>& unheld,
+                                                   const lease::OwnerId& self,
+                                                   std::int64_t store_now) {
+  reading_ = false;
+  std::vector<lease::SlotRange> offered;
+  if (!table.ok()) return offered;  // the refresh reports a failing store
+  for (lease::SlotRange range : unheld) {
+    for (const lease::OwnershipRow& row : table->rows()) {
+      if (row.range.Overlaps(range) && row.offered_to && *row.offered_to == self &&
+          row.offer_expires_ms > store_now && row.lease_expires_ms <= store_now) {
+        offered.push_back(range);
+        break;
+      }
+    }
+  }
+  return offered;
+}
+
+}  // namespace fleetfs::agent

@@ -1,0 +1,186 @@
+// Handoffs: the planned handovers of this agent's ranges (`fleetfs handoff`,
+// `fleetfs drain`), as a pure step function on time passed in, in the style
+// of Lifecycle: it decides, the libuv shell in agent.cc carries it out.
+//
+// One range travels:
+//
+//   draining ──no open handle in it, or the shutdown grace ended──► stop work
+//      (served; no new opens)                       (withdrawn: hidden and
+//                                                    fenced, then the final
+//                                                    flush of its tenants)
+//   stop work ──every commit shipped──► releasing ──store answered──► done
+//             └─ not all shipped in time ──► abandoned (served again)
+//
+// While draining and during the stop work the lease is renewed as usual: an
+// unshipped commit must not become another host's to restore over. Releasing
+// asks HostOwnership::StartHandoff (which waits while a store call of the
+// range may still land), then the store's Offer (to the target) or Release
+// (a drain with no target). Done: the range is parked, claimed again only
+// after `fleetfs drain --undo` or a restart.
+//
+// Thread-safety: none; the loop thread owns it.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/lifecycle.h"
+#include "fleet/clock.h"
+#include "fleet/status.h"
+#include "lease/host_ownership.h"
+#include "lease/owner_id.h"
+#include "lease/ownership_table.h"
+#include "lease/slot_range.h"
+
+namespace fleetfs::agent {
+
+// A request written to MOUNT/.fleetfs/control, one line:
+//   handoff RANGE OWNER    hand one configured range to OWNER
+//   drain OWNER            hand every served range to OWNER
+//   drain -                release every range (no target)
+//   undo                   let drained ranges be claimed again
+struct ControlRequest {
+  enum class Verb { kHandoff, kDrain, kUndo };
+  Verb verb = Verb::kHandoff;
+  std::optional<lease::SlotRange> range;  // kHandoff
+  std::optional<lease::OwnerId> to;       // kHandoff; kDrain unless released
+};
+
+// Strict: one line (a final newline allowed), words split by single spaces,
+// the range by SlotRange::Parse and the owner by OwnerId::Make.
+// InvalidArgument naming the word and the rule otherwise.
+Result<ControlRequest> ParseControlRequest(std::string_view text);
+std::string FormatControlRequest(const ControlRequest& request);
+
+struct HandoffOptions {
+  Millis shutdown_grace{5000};
+  // The stop work (fences and flush) gets this long; then the handoff is
+  // abandoned and the range served again. Two refresh intervals by default.
+  Millis flush_limit{20000};
+};
+
+struct HandoffActions {
+  std::vector<LogLine> log;
+  bool publish = false;                   // the draining or withheld ranges changed
+  std::vector<lease::SlotRange> stop_work;  // fence, then flush these; then StopWorkDone
+  // HostOwnership::StartHandoff, then Offer or Release; then Released.
+  std::vector<lease::SlotRange> release;
+  MonoTime wake = MonoTime::max();
+};
+
+struct HandoffStatus {
+  lease::SlotRange range = lease::SlotRange::All();
+  std::string to;     // empty: released with no target
+  std::string state;  // draining, fencing, releasing, done, abandoned
+  std::string note;   // why abandoned, or what the release answered
+};
+
+class Handoffs {
+ public:
+  explicit Handoffs(HandoffOptions options) : options_(options) {}
+
+  // Starts handing `range` to `to` (nullopt: release it) at `now`. Refused
+  // (InvalidArgument) when the range is not exactly a configured one, not
+  // served now, already being handed off, or `to` is this agent itself.
+  Status Request(MonoTime now, lease::SlotRange range, const std::optional<lease::OwnerId>& to,
+                 const std::vector<lease::RangeStatus>& status, const lease::OwnerId& self);
+
+  // A wake. `open_in(range)` counts the open handles of a range.
+  template <typename OpenIn>
+  HandoffActions Step(MonoTime now, OpenIn&& open_in) {
+    HandoffActions out;
+    for (auto& [range, h] : handoffs_) {
+      if (h.step == StepKind::kDraining) {
+        const std::size_t open = open_in(range);
+        if (open == 0 || now >= h.drain_deadline) {
+          StartStopWork(now, range, h, open, out);
+        } else {
+          Wake(out, std::min(now + Millis(20), h.drain_deadline));
+        }
+      } else if (h.step == StepKind::kStopWork && now >= h.stop_deadline) {
+        Abandon(range, h, "the fences and the final flush did not end within " +
+                              FormatMs(options_.flush_limit), out);
+      } else if (h.step == StepKind::kStopWork) {
+        Wake(out, h.stop_deadline);
+      } else if (h.step == StepKind::kReleaseWait) {
+        // A store call of the range was running: ask again.
+        h.step = StepKind::kReleasing;
+        out.release.push_back(range);
+      }
+    }
+    return out;
+  }
+
+  // The fences and the flush of `range` ended.
+  HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped);
+  // HostOwnership::StartHandoff said wait: ask again at the next step.
+  HandoffActions ReleaseWaits(MonoTime now, lease::SlotRange range);
+  // The store answered the offer or release (or none was needed: `sent` false).
+  HandoffActions Released(MonoTime now, lease::SlotRange range, bool sent,
+                          const Result<bool>& answer);
+
+  // Served, but taking no new opens.
+  std::set<lease::SlotRange> draining() const;
+  // Not served at all (fenced, flushing, releasing, handed off).
+  std::set<lease::SlotRange> withheld() const;
+  // Whether any handoff still runs (not done, not abandoned).
+  bool running() const;
+  std::vector<HandoffStatus> Report() const;
+  // `fleetfs drain --undo`: forget the finished handoffs (the caller
+  // unparks their ranges). Running ones go on.
+  std::vector<lease::SlotRange> Undo();
+  // The range was offered back to this agent: forget its finished handoff
+  // (the caller unparks it and claims). False while one still runs.
+  bool Forget(lease::SlotRange range);
+
+ private:
+  enum class StepKind { kDraining, kStopWork, kReleasing, kReleaseWait, kDone, kAbandoned };
+  struct One {
+    std::optional<lease::OwnerId> to;
+    StepKind step = StepKind::kDraining;
+    MonoTime drain_deadline{};
+    MonoTime stop_deadline{};
+    std::string note;
+  };
+
+  void StartStopWork(MonoTime now, lease::SlotRange range, One& h, std::size_t open,
+                     HandoffActions& out);
+  void Abandon(lease::SlotRange range, One& h, std::string why, HandoffActions& out);
+  static void Wake(HandoffActions& out, MonoTime at) { out.wake = std::min(out.wake, at); }
+  static std::string FormatMs(Millis ms);
+  static std::string Describe(lease::SlotRange range, const One& h);
+
+  HandoffOptions options_;
+  std::map<lease::SlotRange, One> handoffs_;
+};
+
+// OfferWatch: while a configured range is not held here (another owner
+// holds it, or this agent handed it off), reads the store every `interval`
+// for an offer to this agent (ReadSlots of those ranges: one cheap read), so
+// a handoff's target claims at once instead of at its next refresh. One read
+// at a time.
+class OfferWatch {
+ public:
+  explicit OfferWatch(Millis interval) : interval_(interval) {}
+
+  // Whether to send a read now; `unheld` are the ranges not held here.
+  bool Due(MonoTime now, const std::vector<lease::SlotRange>& unheld);
+  // When Due may next say yes (max when nothing is watched).
+  MonoTime next(const std::vector<lease::SlotRange>& unheld) const;
+  // The read sent at Due answered: the ranges of `unheld` whose rows stand
+  // offered to `self` at store time `store_now`.
+  std::vector<lease::SlotRange> Answered(const Result<lease::OwnershipTable>& table,
+                                         const std::vector<lease::SlotRange>& unheld,
+                                         const lease::OwnerId& self, std::int64_t store_now);
+
+ private:
+  Millis interval_;
+  bool reading_ = false;
+  MonoTime last_{};
+};
+
+}  // namespace fleetfs::agent

@@ -1,0 +1,195 @@
+#include "agent/handoff.h"
+
+#include <gtest/gtest.h>
+
+#include "lease/test_support.h"
+
+namespace fleetfs::agent {
+namespace {
+
+using lease::testing::Owner;
+using lease::testing::Range;
+using std::chrono::milliseconds;
+
+constexpr Millis kGrace{5000};
+constexpr Millis kFlush{20000};
+
+MonoTime At(std::int64_t ms) { return MonoTime(milliseconds(ms)); }
+
+lease::RangeStatus Served(lease::SlotRange range, bool serving = true) {
+  lease::RangeStatus st;
+  st.range = range;
+  st.serving = serving;
+  if (serving) st.epoch = lease::Epoch(3);
+  return st;
+}
+
+class HandoffsTest : public ::testing::Test {
+ protected:
+  Handoffs handoffs_{HandoffOptions{kGrace, kFlush}};
+  std::vector<lease::RangeStatus> status_{Served(Range(0, 99)), Served(Range(100, 199))};
+  std::size_t open_ = 0;
+  HandoffActions Step(std::int64_t ms) {
+    return handoffs_.Step(At(ms), [&](lease::SlotRange) { return open_; });
+  }
+};
+
+TEST_F(HandoffsTest, a_range_with_no_open_handle_is_fenced_flushed_and_released_in_turn) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  EXPECT_EQ(handoffs_.draining(), (std::set{Range(0, 99)}));
+  HandoffActions step = Step(0);
+  EXPECT_TRUE(step.publish);
+  EXPECT_EQ(step.stop_work, (std::vector{Range(0, 99)}));
+  EXPECT_TRUE(handoffs_.draining().empty());
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+  HandoffActions done = handoffs_.StopWorkDone(At(30), Range(0, 99), /*all_shipped=*/true);
+  EXPECT_EQ(done.release, (std::vector{Range(0, 99)}));
+  HandoffActions released = handoffs_.Released(At(40), Range(0, 99), true, true);
+  EXPECT_EQ(handoffs_.Report().front().state, "done");
+  EXPECT_EQ(handoffs_.Report().front().note, "offered to 'b'");
+  // Done: still withheld (the range is parked), and no handoff runs.
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+  EXPECT_FALSE(handoffs_.running());
+}
+
+TEST_F(HandoffsTest, open_handles_get_the_grace_then_are_fenced) {
+  open_ = 2;
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  HandoffActions early = Step(1000);
+  EXPECT_TRUE(early.stop_work.empty());
+  EXPECT_EQ(early.wake, At(1020));
+  EXPECT_EQ(handoffs_.draining(), (std::set{Range(0, 99)}));
+  HandoffActions late = Step(5000);
+  EXPECT_EQ(late.stop_work, (std::vector{Range(0, 99)}));
+  ASSERT_EQ(late.log.size(), 1u);
+  EXPECT_NE(late.log[0].text.find("2 handles still open after the shutdown grace"),
+            std::string::npos);
+}
+
+TEST_F(HandoffsTest, a_handoff_whose_commits_are_not_all_shipped_is_abandoned_and_served_again) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  HandoffActions done = handoffs_.StopWorkDone(At(30), Range(0, 99), /*all_shipped=*/false);
+  EXPECT_TRUE(done.release.empty());
+  EXPECT_TRUE(done.publish);
+  EXPECT_TRUE(handoffs_.withheld().empty());
+  EXPECT_EQ(handoffs_.Report().front().state, "abandoned");
+  // It may be asked again.
+  EXPECT_TRUE(handoffs_.Request(At(40), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+}
+
+TEST_F(HandoffsTest, stop_work_past_its_limit_abandons_the_handoff) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  EXPECT_TRUE(Step(19'999).log.empty());
+  HandoffActions late = Step(20'000);
+  EXPECT_TRUE(late.publish);
+  EXPECT_EQ(handoffs_.Report().front().state, "abandoned");
+  // The late answer changes nothing.
+  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'001), Range(0, 99), true).release.empty());
+}
+
+TEST_F(HandoffsTest, a_release_that_must_wait_for_a_running_call_is_asked_again_at_the_next_step) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  EXPECT_EQ(handoffs_.ReleaseWaits(At(10), Range(0, 99)).wake, At(30));
+  EXPECT_EQ(Step(30).release, (std::vector{Range(0, 99)}));
+}
+
+TEST_F(HandoffsTest, requests_are_refused_naming_the_rule) {
+  auto message = [&](lease::SlotRange r, const std::string& to) {
+    return handoffs_.Request(At(0), r, Owner(to), status_, Owner("a")).message();
+  };
+  EXPECT_NE(message(Range(0, 50), "b").find("is not one of this agent's configured ranges (0-99,"
+                                            "100-199); a handoff takes exactly a configured range"),
+            std::string::npos);
+  EXPECT_NE(message(Range(0, 99), "a").find("is this agent"), std::string::npos);
+  status_[1] = Served(Range(100, 199), false);
+  EXPECT_NE(message(Range(100, 199), "b").find("is not served by this agent now"),
+            std::string::npos);
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  EXPECT_NE(message(Range(0, 99), "c").find("is being handed off already"), std::string::npos);
+}
+
+TEST_F(HandoffsTest, undo_and_an_offer_back_forget_finished_handoffs_only) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(100, 199), std::nullopt, status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  EXPECT_FALSE(handoffs_.Forget(Range(100, 199))) << "still running";
+  EXPECT_EQ(handoffs_.Undo(), (std::vector{Range(0, 99)}));
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(100, 199)}));
+  EXPECT_TRUE(handoffs_.Forget(Range(0, 99)));
+}
+
+TEST(ControlRequest, well_formed_requests_parse_and_print_back) {
+  auto handoff = ParseControlRequest("handoff 0-8191 host-b\n");
+  ASSERT_TRUE(handoff.ok()) << handoff.status().message();
+  EXPECT_EQ(handoff->verb, ControlRequest::Verb::kHandoff);
+  EXPECT_EQ(handoff->range, Range(0, 8191));
+  EXPECT_EQ(FormatControlRequest(*handoff), "handoff 0-8191 host-b\n");
+  auto drain = ParseControlRequest("drain -");
+  ASSERT_TRUE(drain.ok());
+  EXPECT_FALSE(drain->to.has_value());
+  EXPECT_EQ(ParseControlRequest("undo")->verb, ControlRequest::Verb::kUndo);
+}
+
+TEST(ControlRequest, bad_requests_are_refused_naming_the_thing_and_the_rule) {
+  auto message = [](std::string_view text) {
+    auto parsed = ParseControlRequest(text);
+    EXPECT_FALSE(parsed.ok()) << text;
+    EXPECT_EQ(parsed.status().code(), Code::kInvalidArgument);
+    return parsed.ok() ? std::string() : parsed.status().message();
+  };
+  EXPECT_NE(message("handoff 9-1 b").find("9-1"), std::string::npos);
+  EXPECT_NE(message("handoff 0-16384 b").find("16384"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99  b").find("single spaces"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99 b\nundo").find("one line"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99").find("takes a range and an owner"), std::string::npos);
+  EXPECT_NE(message(std::string("handoff 0-99 b\x01", 16)).find("target owner"),
+            std::string::npos);
+  EXPECT_NE(message("drain " + std::string(129, 'x')).find("target owner"), std::string::npos);
+  EXPECT_NE(message("reboot").find("'reboot' is unknown"), std::string::npos);
+  EXPECT_NE(message("").find("single spaces"), std::string::npos);
+}
+
+TEST(OfferWatch, reads_at_its_interval_one_read_at_a_time_only_while_a_range_is_unheld) {
+  OfferWatch watch(Millis(150));
+  const std::vector<lease::SlotRange> none;
+  const std::vector<lease::SlotRange> unheld{Range(0, 99)};
+  EXPECT_FALSE(watch.Due(At(1000), none));
+  EXPECT_EQ(watch.next(none), MonoTime::max());
+  EXPECT_TRUE(watch.Due(At(1000), unheld));
+  EXPECT_FALSE(watch.Due(At(2000), unheld)) << "one read at a time";
+  lease::OwnershipTable empty;
+  EXPECT_TRUE(watch.Answered(empty, unheld, Owner("a"), 0).empty());
+  EXPECT_EQ(watch.next(unheld), At(1150));
+  EXPECT_FALSE(watch.Due(At(1149), unheld));
+  EXPECT_TRUE(watch.Due(At(1150), unheld));
+}
+
+TEST(OfferWatch, only_a_standing_offer_to_this_owner_counts) {
+  OfferWatch watch(Millis(150));
+  lease::OwnershipTable table;
+  const auto grant = table.Claim(Range(0, 99), Owner("b"), 0, Millis(30'000));
+  ASSERT_TRUE(grant.ok());
+  const std::vector<lease::SlotRange> unheld{Range(0, 99)};
+  watch.Due(At(0), unheld);
+  EXPECT_TRUE(watch.Answered(table, unheld, Owner("a"), 1'000).empty()) << "held, not offered";
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("b"), lease::Epoch(1), 1'000, Owner("a"),
+                          Millis(3'000)));
+  watch.Due(At(200), unheld);
+  EXPECT_TRUE(watch.Answered(table, unheld, Owner("c"), 1'001).empty()) << "offered to another";
+  watch.Due(At(400), unheld);
+  EXPECT_EQ(watch.Answered(table, unheld, Owner("a"), 1'001), unheld);
+  watch.Due(At(600), unheld);
+  EXPECT_TRUE(watch.Answered(table, unheld, Owner("a"), 4'000).empty()) << "the window ended";
+  watch.Due(At(800), unheld);
+  EXPECT_TRUE(watch.Answered(Status(Code::kUnavailable, "down"), unheld, Owner("a"), 1'001)
+                  .empty());
+}
+
+}  // namespace
+}  // namespace fleetfs::agent

@@ -33,6 +33,7 @@
 #include "lease/lease_ttl.h"
 #include "lease/refresher.h"
 #include "lease/store_url.h"
+#include "lease/timed_store.h"
 #include "vfs/fleet_fs.h"
 #include "vfs/serving_view.h"
 
@@ -160,6 +161,8 @@ class Agent {
 
   // Set once in Run before any reader starts; for ToWallMs of the display.
   std::shared_ptr<const lease::OwnershipStore> store_;
+  // The same store, timing its calls for /metrics; set with store_.
+  std::shared_ptr<const lease::TimedStore> timed_store_;
   std::unique_ptr<lease::Refresher> refresher_;
   std::unique_ptr<replica::Replicator> replicator_;  // null when replication is off
   // The destination the replicator ships through, counting its requests for
@@ -774,6 +777,7 @@ AgentSnapshot Agent::Snapshot() const {
   }
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();
   s.refreshes = refreshes_.load();
+  if (timed_store_) s.store_call_time = timed_store_->latencies();
   if (fs) s.vfs = SnapshotOf(fs->stats(), fs->OpenHandles());
   {
     std::lock_guard lock(backing_mu_);
@@ -785,6 +789,7 @@ AgentSnapshot Agent::Snapshot() const {
     s.replica = config_.replica;
     s.replication = replicator_->Stats();
     s.replica_requests = destination_->counts();
+    s.replica_request_time = destination_->latencies();
     for (RangeSnapshot& r : s.ranges) {
       r.replication_lag_s = replicator_->LagSeconds(r.status.range.first(), r.status.range.last());
     }
@@ -817,8 +822,10 @@ int Agent::Run(std::ostream& err) {
   auto opened = lease::OpenStore(config_.store, wall_, lease::SqliteStore::Access::kCreate,
                                  config_.store_tls);
   if (!opened.ok()) return fail(opened.status().WithContext("store"));
-  std::shared_ptr<lease::OwnershipStore> store(std::move(*opened));
+  auto timed = std::make_shared<lease::TimedStore>(std::move(*opened), mono_);
+  std::shared_ptr<lease::OwnershipStore> store = timed;
   store_ = store;
+  timed_store_ = timed;
   auto host = lease::HostOwnership::Make(config_.owner, config_.ranges, config_.ttl);
   if (!host.ok()) return fail(host.status());
 
@@ -834,7 +841,7 @@ int Agent::Run(std::ostream& err) {
     dest_options.retry_wait_cap = config_.sync_interval;
     auto dest = replica::OpenDestination(config_.replica, dest_options);
     if (!dest.ok()) return fail(dest.status().WithContext("replica"));
-    destination_ = std::make_shared<replica::CountingDestination>(std::move(*dest));
+    destination_ = std::make_shared<replica::CountingDestination>(std::move(*dest), &mono_);
     replica::ReplicatorOptions ro;
     ro.backing = config_.backing;
     ro.mode = config_.mode;

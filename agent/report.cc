@@ -3,6 +3,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "agent/build_info.h"
 #include "lease/lease_ttl.h"
 
 namespace fleetfs::agent {
@@ -34,6 +35,7 @@ VfsSnapshot SnapshotOf(const vfs::VfsStats& stats, std::size_t open_handles) {
   s.fences = stats.fences.load(std::memory_order_relaxed);
   s.handles_fenced = stats.handles_fenced.load(std::memory_order_relaxed);
   s.open_handles = open_handles;
+  for (std::size_t i = 0; i < vfs::kOpCount; ++i) s.latency[i] = stats.latency[i].Snapshot();
   return s;
 }
 
@@ -344,11 +346,43 @@ std::string SnapshotNeededText(const replica::ReplicationStats& r) {
          " bytes and cannot be replicated until the destination takes an object that large";
 }
 
+namespace {
+
+// A label value as the text format wants it: backslash, quote and newline
+// escaped.
+std::string LabelValue(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string MetricsText(const AgentSnapshot& s) {
   std::ostringstream out;
   auto help = [&](std::string_view name, std::string_view type, std::string_view text) {
     out << "# HELP " << name << ' ' << text << "\n# TYPE " << name << ' ' << type << '\n';
   };
+  // One histogram family: its HELP and TYPE once, then one histogram per
+  // label value.
+  auto histograms = [&](std::string_view name, std::string_view help_text, std::string_view label,
+                        std::size_t n, auto value_of, auto snapshot_of) {
+    WriteHistogramHeader(out, name, help_text);
+    for (std::size_t i = 0; i < n; ++i) {
+      WriteHistogram(out, name, std::string(label) + "=\"" + LabelValue(value_of(i)) + "\"",
+                     snapshot_of(i));
+    }
+  };
+  help("fleetfs_build_info", "gauge", "The build: version, commit and compiler; always 1.");
+  out << "fleetfs_build_info{version=\"" << LabelValue(kBuildVersion) << "\",commit=\""
+      << LabelValue(kBuildCommit) << "\",compiler=\"" << LabelValue(kBuildCompiler) << "\"} 1\n";
   help("fleetfs_ranges_configured", "gauge", "Slot ranges this agent is configured to own.");
   out << "fleetfs_ranges_configured " << s.ranges.size() << '\n';
   std::size_t held = 0;
@@ -395,6 +429,19 @@ std::string MetricsText(const AgentSnapshot& s) {
     out << "fleetfs_fuse_operations_total{op=\"" << vfs::OpName(static_cast<vfs::Op>(i)) << "\"} "
         << v.ops[i] << '\n';
   }
+  histograms(
+      "fleetfs_fuse_request_duration_seconds",
+      "FUSE requests by op, from the handler's start to its reply (a lookup or open that waits "
+      "for a restore until its answer).",
+      "op", vfs::kOpCount, [](std::size_t i) { return vfs::OpName(static_cast<vfs::Op>(i)); },
+      [&](std::size_t i) { return v.latency[i]; });
+  histograms(
+      "fleetfs_store_call_duration_seconds",
+      "Calls to the ownership store by kind, failed or not (a renewal slower than ttl/3 lapses "
+      "its range).",
+      "call", lease::kStoreCallKinds,
+      [](std::size_t i) { return lease::StoreCallName(static_cast<lease::StoreCallKind>(i)); },
+      [&](std::size_t i) { return s.store_call_time[i]; });
   help("fleetfs_fuse_errors_total", "counter", "FUSE operations answered with an error, by kind.");
   for (std::size_t i = 0; i < vfs::kOpCount; ++i) {
     for (std::size_t j = 0; j < vfs::kErrKindCount; ++j) {
@@ -444,6 +491,16 @@ std::string MetricsText(const AgentSnapshot& s) {
       out << "fleetfs_replica_requests_total{kind=\"" << replica::RequestName(kind) << "\"} "
           << s.replica_requests.of(kind) << '\n';
     }
+    histograms(
+        "fleetfs_replica_request_duration_seconds",
+        "Requests to the replica destination by kind, failed or not.", "kind",
+        replica::kRequestKinds,
+        [](std::size_t i) { return replica::RequestName(static_cast<replica::Request>(i)); },
+        [&](std::size_t i) { return s.replica_request_time[i]; });
+    WriteHistogramHeader(out, "fleetfs_restore_duration_seconds",
+                         "Restores from the replica published here, from the start to the "
+                         "publication (download, replay, publish).");
+    WriteHistogram(out, "fleetfs_restore_duration_seconds", "", r.restore_time);
     help("fleetfs_replica_request_failures_total", "counter",
          "Requests to the replica destination that returned an error, of any kind.");
     out << "fleetfs_replica_request_failures_total " << s.replica_requests.failures << '\n';

@@ -17,8 +17,10 @@
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
 #include "fleet/replica/counting_destination.h"
+#include "fleet/histogram.h"
 #include "fleet/replicator.h"
 #include "lease/host_ownership.h"
+#include "lease/timed_store.h"
 #include "vfs/vfs_stats.h"
 
 namespace fleetfs::agent {
@@ -43,6 +45,7 @@ struct VfsSnapshot {
   std::uint64_t fences = 0;
   std::uint64_t handles_fenced = 0;
   std::size_t open_handles = 0;
+  std::array<HistogramSnapshot, vfs::kOpCount> latency{};  // by op
 };
 VfsSnapshot SnapshotOf(const vfs::VfsStats& stats, std::size_t open_handles);
 
@@ -60,6 +63,10 @@ struct AgentSnapshot {
   std::string replica;             // destination URL; empty when replication is off
   std::optional<replica::ReplicationStats> replication;
   replica::RequestCounts replica_requests;  // to the destination, since start; with replication
+  // How long the destination's requests took, by kind (replica::Request).
+  std::array<HistogramSnapshot, replica::kRequestKinds> replica_request_time{};
+  // How long the ownership store's calls took, by kind (lease::StoreCallKind).
+  std::array<HistogramSnapshot, lease::kStoreCallKinds> store_call_time{};
   BackingReport backing_volume;    // whether the backing volume takes writes
   std::string failure;             // why the agent stood down (phase "failed"); else empty
   std::vector<HandoffStatus> handoffs;  // planned handovers since the start (or the last undo)

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
+
+#include "agent/build_info.h"
+
 namespace fleetfs::agent {
 namespace {
 
@@ -82,6 +87,63 @@ TEST(Report, status_and_metrics_name_each_range_with_its_epoch_state_and_lease) 
     EXPECT_NE(metrics.find(line), std::string::npos) << line;
   }
   EXPECT_NE(RangesText(s).find("0-99 serving epoch 7"), std::string::npos);
+}
+
+// Every HELP and TYPE line of the text, by family name: each must appear once.
+std::map<std::string, int> HeaderCounts(const std::string& text, std::string_view kind) {
+  std::map<std::string, int> out;
+  std::istringstream in(text);
+  std::string line;
+  const std::string prefix = "# " + std::string(kind) + " ";
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) ++out[line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size())];
+  }
+  return out;
+}
+
+TEST(Report, metrics_have_latency_histograms_and_the_build_info) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 7)});
+  VfsSnapshot v;
+  v.latency[static_cast<std::size_t>(vfs::Op::kRead)].buckets[2] = 3;  // le="5e-05"
+  v.latency[static_cast<std::size_t>(vfs::Op::kRead)].sum_ns = 120'000;
+  s.vfs = v;
+  s.store_call_time[static_cast<std::size_t>(lease::StoreCallKind::kRenew)].buckets[9] = 1;  // le="0.01"
+  s.replication = replica::ReplicationStats{};
+  s.replication->restore_time.buckets[16] = 2;  // le="2.5"
+  s.replica_request_time[static_cast<std::size_t>(replica::Request::kCreate)].buckets[kHistogramBuckets - 1] = 1;
+  std::string metrics = MetricsText(s);
+  for (std::string line :
+       {std::string("fleetfs_build_info{version=\"") + kBuildVersion + "\",commit=\"" +
+            kBuildCommit + "\",compiler=\"" + kBuildCompiler + "\"} 1\n",
+        std::string("fleetfs_fuse_request_duration_seconds_bucket{op=\"read\",le=\"2.5e-05\"} 0\n"),
+        std::string("fleetfs_fuse_request_duration_seconds_bucket{op=\"read\",le=\"5e-05\"} 3\n"),
+        std::string("fleetfs_fuse_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 3\n"),
+        std::string("fleetfs_fuse_request_duration_seconds_sum{op=\"read\"} 0.00012\n"),
+        std::string("fleetfs_fuse_request_duration_seconds_count{op=\"read\"} 3\n"),
+        std::string("fleetfs_fuse_request_duration_seconds_count{op=\"write\"} 0\n"),
+        std::string("fleetfs_store_call_duration_seconds_bucket{call=\"renew\",le=\"0.01\"} 1\n"),
+        std::string("fleetfs_store_call_duration_seconds_count{call=\"claim\"} 0\n"),
+        std::string("fleetfs_restore_duration_seconds_bucket{le=\"2.5\"} 2\n"),
+        std::string("fleetfs_restore_duration_seconds_count 2\n"),
+        std::string("fleetfs_replica_request_duration_seconds_bucket{kind=\"create\",le=\"10\"} 0\n"),
+        std::string("fleetfs_replica_request_duration_seconds_bucket{kind=\"create\",le=\"+Inf\"} 1\n"),
+        std::string("# TYPE fleetfs_fuse_request_duration_seconds histogram\n"),
+        std::string("# TYPE fleetfs_restore_duration_seconds histogram\n")}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line;
+  }
+  // HELP and TYPE once per family, histograms included.
+  for (std::string_view kind : {"HELP", "TYPE"}) {
+    for (const auto& [family, n] : HeaderCounts(metrics, kind)) {
+      EXPECT_EQ(n, 1) << kind << " " << family;
+    }
+  }
+  EXPECT_EQ(HeaderCounts(metrics, "TYPE").count("fleetfs_store_call_duration_seconds"), 1u);
+}
+
+TEST(Report, the_build_info_names_a_version_a_commit_and_a_compiler) {
+  EXPECT_STRNE(kBuildVersion, "");
+  EXPECT_STRNE(kBuildCommit, "");  // "unknown" outside a git checkout
+  EXPECT_STRNE(kBuildCompiler, "");
 }
 
 TEST(Health, a_full_backing_volume_fails_naming_it_while_the_ranges_stay_served) {

@@ -363,6 +363,7 @@ ReplicationStats Replicator::Impl::Stats() const {
   s.segments = counters_.segments.load();
   s.upload_failures = counters_.upload_failures.load();
   s.restores = counters_.restores.load();
+  s.restore_time = counters_.restore_time.Snapshot();
   s.restore_failures = counters_.restore_failures.load();
   s.stale_replaced = counters_.stale_replaced.load();
   s.tombstones = counters_.tombstones.load();

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "fleet/clock.h"
+#include "fleet/histogram.h"
 #include "fleet/layout.h"
 #include "fleet/replica/destination.h"
 #include "fleet/status.h"
@@ -178,6 +179,8 @@ struct ReplicationStats {
   std::size_t snapshot_needed_tenants = 0;
   std::string snapshot_needed_largest;
   std::uint64_t snapshot_needed_bytes = 0;
+  // Restores published, by how long each took (download, replay, publish).
+  HistogramSnapshot restore_time;
   double lag_p50_s = 0;  // commit to shipped, over the last shipped commits
   double lag_p99_s = 0;
 };

@@ -193,6 +193,31 @@ class FleetFs::Impl final : public FencedFiles {
   }
   MonoTime Now() const { return options_.clock->Now(); }
 
+  // Times one request by op, from its handler's start to the end of the
+  // handler (the reply is sent by then). A lookup or open deferred to the
+  // replicator is handed off: its reply, sent later, observes instead, from
+  // the same start.
+  class RequestTimer {
+   public:
+    RequestTimer(Impl& self, Op op) : self_(self), op_(op), started_(self.Now()) {}
+    ~RequestTimer() {
+      if (!handed_off_) self_.ObserveSince(op_, started_);
+    }
+    RequestTimer(const RequestTimer&) = delete;
+    RequestTimer& operator=(const RequestTimer&) = delete;
+    MonoTime started() const { return started_; }
+    void HandOff() { handed_off_ = true; }
+
+   private:
+    Impl& self_;
+    const Op op_;
+    const MonoTime started_;
+    bool handed_off_ = false;
+  };
+  void ObserveSince(Op op, MonoTime started) {
+    stats_.Observe(op, std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - started));
+  }
+
   // Counts the operation, and the error when `err` is not 0; true when the
   // caller should send the error reply.
   bool Failed(fuse_req_t req, Op op, int err) {
@@ -242,19 +267,21 @@ class FleetFs::Impl final : public FencedFiles {
 
   // `prepared`: the epoch the replicator prepared the file for, or
   // kNotPrepared. A main file served at another epoch is prepared again.
+  // `started`: when the request came, for its latency once it is answered.
   int DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent, const char* name,
-               fuse_entry_param* e, std::uint64_t prepared);
+               fuse_entry_param* e, std::uint64_t prepared, MonoTime started);
   int DoLookupFile(fuse_req_t req, const ServingView& view, int bucket, std::string_view name,
-                   fuse_entry_param* e, std::uint64_t prepared);
+                   fuse_entry_param* e, std::uint64_t prepared, MonoTime started);
   // A main file needs the replicator before it is exposed under `epoch`.
   bool NeedsPrepare(const FileInode& inode, std::uint64_t epoch);
   // Hands the lookup to the replicator: kDeferred, or EAGAIN when the
   // caller's user has kMaxDeferredPerUid in flight already.
   int Defer(fuse_req_t req, fuse_ino_t parent, std::string name, const FleetFile& file,
-            std::uint64_t epoch);
-  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, std::uint64_t prepared);
+            std::uint64_t epoch, MonoTime started);
+  int DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, std::uint64_t prepared,
+             MonoTime started);
   int DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi, const FleetFile& file,
-                std::uint64_t epoch);
+                std::uint64_t epoch, MonoTime started);
   // Counts one deferred lookup or open of `uid`; false when it has the most.
   bool EnterDeferred(uid_t uid) {
     std::lock_guard lock(deferred_mu_);
@@ -559,7 +586,7 @@ int FleetFs::Impl::Admit(InFlight& op) {
 // Names in unserved slots are answered with an error, which is never cached.
 int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int bucket,
                                 std::string_view name, fuse_entry_param* e,
-                                std::uint64_t prepared) {
+                                std::uint64_t prepared, MonoTime started) {
   std::optional<FleetFile> file = ParseFleetName(options_.mode, bucket, name);
   if (!file) return ENOENT;  // not a fleet file: hidden
   const ServedRange* served = ServingName(view, *file);
@@ -570,7 +597,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   auto absent = [&] {
     if (main && prepared != epoch) {
       // Missing here: the replica may hold it. Restored before it is exposed.
-      return Defer(req, parent, std::string(name), *file, epoch);
+      return Defer(req, parent, std::string(name), *file, epoch, started);
     }
     if (!RememberNegative(parent, name, file->slot)) return ENOENT;
     e->ino = 0;  // a negative entry, cached for entry_timeout
@@ -588,7 +615,7 @@ int FleetFs::Impl::DoLookupFile(fuse_req_t req, const ServingView& view, int buc
   auto inode = inodes_.Remember(bucket, name, *file, st);
   if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
     inodes_.Forget(inode->ino, 1);  // the deferred lookup counts its own
-    return Defer(req, parent, std::move(n), *file, epoch);
+    return Defer(req, parent, std::move(n), *file, epoch, started);
   }
   if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   st.st_ino = inode->ino;
@@ -609,38 +636,42 @@ bool FleetFs::Impl::NeedsPrepare(const FileInode& inode, std::uint64_t epoch) {
 }
 
 int FleetFs::Impl::Defer(fuse_req_t req, fuse_ino_t parent, std::string name,
-                         const FleetFile& file, std::uint64_t epoch) {
+                         const FleetFile& file, std::uint64_t epoch, MonoTime started) {
   const uid_t uid = fuse_req_ctx(req)->uid;
   if (!EnterDeferred(uid)) return EAGAIN;
   // The reply comes from the replicator's thread: no FUSE worker waits. The
   // file was prepared for `epoch` only: served at another epoch by the time
   // Prepare is done (the range lapsed and was claimed again meanwhile), it is
   // prepared again for that one, and not served at all, it is absent.
-  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name), epoch,
-                                        uid](int err) {
+  options_.hooks->Prepare(file, epoch, [this, req, parent, name = std::move(name), epoch, uid,
+                                        started](int err) {
     LeaveDeferred(uid);
     if (err != 0) {
       stats_.CountError(Op::kLookup, err);
       fuse_reply_err(req, err);
+      ObserveSince(Op::kLookup, started);
       return;
     }
     auto view = View();
     fuse_entry_param e{};
-    int rc = DoLookup(req, *view, parent, name.c_str(), &e, epoch);
+    int rc = DoLookup(req, *view, parent, name.c_str(), &e, epoch, started);
     if (rc == kDeferred) return;  // prepared again, for the epoch served now
     if (rc != 0) {
       stats_.CountError(Op::kLookup, rc);
       fuse_reply_err(req, rc);
+      ObserveSince(Op::kLookup, started);
       return;
     }
     if (e.ino == 0) stats_.CountError(Op::kLookup, ENOENT);
     fuse_reply_entry(req, &e);
+    ObserveSince(Op::kLookup, started);
   });
   return kDeferred;
 }
 
 int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t parent,
-                            const char* name, fuse_entry_param* e, std::uint64_t prepared) {
+                            const char* name, fuse_entry_param* e, std::uint64_t prepared,
+                            MonoTime started) {
   std::string_view n(name);
   e->attr_timeout = kEntryTimeout;
   e->entry_timeout = kEntryTimeout;
@@ -665,19 +696,23 @@ int FleetFs::Impl::DoLookup(fuse_req_t req, const ServingView& view, fuse_ino_t 
     e->attr_timeout = 0;
     return 0;
   }
-  if (IsBucketIno(parent)) return DoLookupFile(req, view, BucketOfIno(parent), n, e, prepared);
+  if (IsBucketIno(parent)) {
+    return DoLookupFile(req, view, BucketOfIno(parent), n, e, prepared, started);
+  }
   return ENOENT;
 }
 
 void FleetFs::Impl::Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kLookup);
   // Held until the kernel has the answer: a claim's fence runs after every
   // lookup under an older view has answered, so it sees their negative entries.
   auto view = self.View();
   fuse_entry_param e{};
-  int err = self.DoLookup(req, *view, parent, name, &e, kNotPrepared);
+  int err = self.DoLookup(req, *view, parent, name, &e, kNotPrepared, timer.started());
   if (err == kDeferred) {
     self.stats_.Count(Op::kLookup);  // once, however often it is prepared
+    timer.HandOff();
     return;
   }
   if (self.Failed(req, Op::kLookup, err)) return;
@@ -699,6 +734,7 @@ void FleetFs::Impl::ForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* 
 
 void FleetFs::Impl::Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kGetattr);
   struct stat st {};
   int err = 0;
   if (ino == kRootIno) {
@@ -817,6 +853,7 @@ int FleetFs::Impl::DoSetattr(fuse_ino_t ino, struct stat* attr, int to_set, fuse
 void FleetFs::Impl::Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                             fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kSetattr);
   struct stat st {};
   int err = self.DoSetattr(ino, attr, to_set, fi, &st);
   if (self.Failed(req, Op::kSetattr, err)) return;
@@ -826,22 +863,28 @@ void FleetFs::Impl::Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, i
 // ---- what the layout refuses ----
 
 void FleetFs::Impl::Mknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) {
+  RequestTimer timer(Self(req), Op::kRefused);
   Self(req).Failed(req, Op::kRefused, EPERM);
 }
 void FleetFs::Impl::Mkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) {
+  RequestTimer timer(Self(req), Op::kRefused);
   Self(req).Failed(req, Op::kRefused, EPERM);
 }
 void FleetFs::Impl::Rmdir(fuse_req_t req, fuse_ino_t, const char*) {
+  RequestTimer timer(Self(req), Op::kRefused);
   Self(req).Failed(req, Op::kRefused, EPERM);
 }
 void FleetFs::Impl::Symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) {
+  RequestTimer timer(Self(req), Op::kRefused);
   Self(req).Failed(req, Op::kRefused, EPERM);
 }
 void FleetFs::Impl::Rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*,
                            unsigned int) {
+  RequestTimer timer(Self(req), Op::kRefused);
   Self(req).Failed(req, Op::kRefused, EPERM);
 }
 void FleetFs::Impl::Link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
+  RequestTimer timer(Self(req), Op::kRefused);
   Self(req).Failed(req, Op::kRefused, EPERM);
 }
 
@@ -903,6 +946,7 @@ int FleetFs::Impl::DoUnlink(fuse_ino_t parent, const char* name) {
 
 void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kUnlink);
   int err = self.DoUnlink(parent, name);
   if (self.Failed(req, Op::kUnlink, err)) return;
   fuse_reply_err(req, 0);
@@ -911,7 +955,7 @@ void FleetFs::Impl::Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) 
 // ---- open, create, release ----
 
 int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi,
-                          std::uint64_t prepared) {
+                          std::uint64_t prepared, MonoTime started) {
   auto inode = inodes_.Find(ino);
   if (inode == nullptr) return ino < kFirstFileIno ? EISDIR : ESTALE;
   InFlight op;
@@ -926,7 +970,7 @@ int FleetFs::Impl::DoOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi,
   // /proc/PID/fd/N) skips the lookup: a main file not prepared for the epoch
   // served now goes through the same check as a lookup before it is opened.
   if (main && prepared != epoch && NeedsPrepare(*inode, epoch)) {
-    return DeferOpen(req, ino, *fi, inode->file, epoch);
+    return DeferOpen(req, ino, *fi, inode->file, epoch, started);
   }
   if (main && inode->exposed_epoch.load() < epoch) inode->exposed_epoch.store(epoch);
   auto h = std::make_unique<FileHandle>();
@@ -955,29 +999,32 @@ void FleetFs::Impl::ReplyOpen(fuse_req_t req, fuse_file_info* fi) {
 }
 
 int FleetFs::Impl::DeferOpen(fuse_req_t req, fuse_ino_t ino, const fuse_file_info& fi,
-                             const FleetFile& file, std::uint64_t epoch) {
+                             const FleetFile& file, std::uint64_t epoch, MonoTime started) {
   const uid_t uid = fuse_req_ctx(req)->uid;
   if (!EnterDeferred(uid)) return EAGAIN;
   // As Defer: the reply comes from the replicator's thread, with a copy of
   // the request's file info (the handler's is gone by then). Served at
   // another epoch by then, the file is prepared again for that one; not
   // served at all, the open is answered ESTALE.
-  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi, epoch, uid](int err) mutable {
+  options_.hooks->Prepare(file, epoch, [this, req, ino, info = fi, epoch, uid,
+                                        started](int err) mutable {
     LeaveDeferred(uid);
-    if (err == 0) err = DoOpen(req, ino, &info, epoch);
+    if (err == 0) err = DoOpen(req, ino, &info, epoch, started);
     if (err == kDeferred) return;  // prepared again, for the epoch served now
     if (err != 0) {
       CountError(Op::kOpen, err);
       fuse_reply_err(req, err);
-      return;
+    } else {
+      ReplyOpen(req, &info);
     }
-    ReplyOpen(req, &info);
+    ObserveSince(Op::kOpen, started);
   });
   return kDeferred;
 }
 
 void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kOpen);
   if (ino == kControlIno) {
     const uid_t uid = fuse_req_ctx(req)->uid;
     if (!ControlFiles::MayControl(uid, ::geteuid())) {
@@ -1010,9 +1057,10 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     self.ReplyOpen(req, fi);
     return;
   }
-  int err = self.DoOpen(req, ino, fi, kNotPrepared);
+  int err = self.DoOpen(req, ino, fi, kNotPrepared, timer.started());
   if (err == kDeferred) {
     self.stats_.Count(Op::kOpen);  // once, however often it is prepared
+    timer.HandOff();
     return;
   }
   if (self.Failed(req, Op::kOpen, err)) return;
@@ -1129,6 +1177,7 @@ int FleetFs::Impl::DoCreate(fuse_req_t req, fuse_ino_t parent, const char* name,
 void FleetFs::Impl::Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                            fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kCreate);
   fuse_entry_param e{};
   int err = self.DoCreate(req, parent, name, mode, fi, &e);
   if (self.Failed(req, Op::kCreate, err)) return;
@@ -1139,6 +1188,7 @@ void FleetFs::Impl::Create(fuse_req_t req, fuse_ino_t parent, const char* name, 
 
 void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kRelease);
   self.stats_.Count(Op::kRelease);
   if (fi->fh != 0) self.DropHandle(reinterpret_cast<Handle*>(static_cast<uintptr_t>(fi->fh)));
   fuse_reply_err(req, 0);
@@ -1146,6 +1196,7 @@ void FleetFs::Impl::Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void FleetFs::Impl::Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
   // Nothing is buffered here, and the kernel keeps the locks.
+  RequestTimer timer(Self(req), Op::kFlush);
   Self(req).stats_.Count(Op::kFlush);
   fuse_reply_err(req, 0);
 }
@@ -1155,6 +1206,7 @@ void FleetFs::Impl::Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
 void FleetFs::Impl::Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
                          fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kRead);
   if (VirtualHandle* v = HandleAs<VirtualHandle>(fi); v != nullptr) {
     std::unique_lock<std::mutex> lock;
     if (v->control) lock = std::unique_lock(v->mu);
@@ -1199,6 +1251,7 @@ void FleetFs::Impl::Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t si
     self.WriteControl(req, *v, std::string_view(buf, size));
     return;
   }
+  RequestTimer timer(self, Op::kWrite);
   FileHandle* h = HandleAs<FileHandle>(fi);
   if (h == nullptr) {
     self.Failed(req, Op::kWrite, EBADF);  // a control file or directory: never written
@@ -1262,6 +1315,7 @@ void FleetFs::Impl::WriteControl(fuse_req_t req, VirtualHandle& h, std::string_v
 
 void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kFsync);
   FileHandle* h = HandleAs<FileHandle>(fi);
   if (h == nullptr) {
     // A control file holds nothing to sync (as fsync(2) on a file that
@@ -1286,6 +1340,7 @@ void FleetFs::Impl::Fsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_in
 void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
                               fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kFallocate);
   FileHandle* h = HandleAs<FileHandle>(fi);
   if (h == nullptr) {
     self.Failed(req, Op::kFallocate, EBADF);
@@ -1328,6 +1383,7 @@ void FleetFs::Impl::Fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, o
 
 void FleetFs::Impl::Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kOpendir);
   if (ino != kRootIno && ino != kControlDirIno && !IsBucketIno(ino)) {
     self.Failed(req, Op::kOpendir, ENOTDIR);
     return;
@@ -1387,6 +1443,7 @@ int FleetFs::Impl::ListDir(fuse_ino_t ino, DirHandle& dir) {
 void FleetFs::Impl::Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                             fuse_file_info* fi) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kReaddir);
   DirHandle* dir = HandleAs<DirHandle>(fi);
   int err = dir == nullptr ? EBADF : 0;
   if (err == 0 && (off == 0 || !dir->listed)) {
@@ -1418,6 +1475,7 @@ void FleetFs::Impl::Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void FleetFs::Impl::Fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kFsync);
   int fd = ino == kRootIno ? self.backing_.root_fd()
            : IsBucketIno(ino) ? self.backing_.BucketFd(BucketOfIno(ino))
                               : -1;
@@ -1430,6 +1488,7 @@ void FleetFs::Impl::Fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_
 
 void FleetFs::Impl::Statfs(fuse_req_t req, fuse_ino_t) {
   Impl& self = Self(req);
+  RequestTimer timer(self, Op::kStatfs);
   struct statvfs st {};
   int err = ::fstatvfs(self.backing_.root_fd(), &st) == 0 ? 0 : errno;
   if (self.Failed(req, Op::kStatfs, err)) return;

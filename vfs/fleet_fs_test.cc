@@ -493,6 +493,42 @@ TEST_F(FleetFsHooksTest, lookups_waiting_for_a_restore_hold_no_fuse_thread) {
   EXPECT_EQ(enoent.load(), 6);  // prepared, and rightly absent
 }
 
+TEST_F(FleetFsHooksTest, a_deferred_lookup_is_timed_until_its_answer_not_until_it_was_deferred) {
+  auto slow = std::async(std::launch::async, [&] {
+    int fd = ::open(Mounted("slow-timed").c_str(), O_RDONLY);
+    if (fd >= 0) ::close(fd);
+    return fd < 0 ? errno : 0;
+  });
+  for (int i = 0; i < 2000 && hooks_.held() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(hooks_.held(), 1u);
+  const std::size_t lookup = static_cast<std::size_t>(Op::kLookup);
+  // The bucket's lookup has been answered and timed; the held one not yet.
+  const HistogramSnapshot before = fs_->stats().latency[lookup].Snapshot();
+  EXPECT_EQ(before.buckets[HistogramBucketOf(3'000'000'000)], 0u);
+  clock_.Advance(seconds(3));  // the restore takes 3 s
+  hooks_.ReleaseAll();
+  EXPECT_EQ(slow.get(), ENOENT);
+  const HistogramSnapshot after = fs_->stats().latency[lookup].Snapshot();
+  EXPECT_EQ(after.buckets[HistogramBucketOf(3'000'000'000)], 1u);  // le="5"
+  EXPECT_GE(after.sum_ns, 3'000'000'000u);
+  EXPECT_EQ(after.count(), before.count() + 1);
+}
+
+TEST_F(FleetFsTest, every_answered_request_is_timed_by_its_op) {
+  std::filesystem::create_directories(std::filesystem::path(Backing("timed")).parent_path());
+  std::ofstream(Backing("timed")) << "here";
+  EXPECT_EQ(Contents(Mounted("timed")), "here");
+  const VfsStats& stats = fs_->stats();
+  for (Op op : {Op::kLookup, Op::kOpen, Op::kRead}) {  // a release may come after close returns
+    const std::size_t i = static_cast<std::size_t>(op);
+    EXPECT_GE(stats.latency[i].Snapshot().count(), 1u) << OpName(op);
+    // The clock did not move: every one took no time.
+    EXPECT_EQ(stats.latency[i].Snapshot().buckets[0], stats.latency[i].Snapshot().count())
+        << OpName(op);
+  }
+  EXPECT_EQ(stats.latency[static_cast<std::size_t>(Op::kWrite)].Snapshot().count(), 0u);
+}
+
 TEST_F(FleetFsHooksTest, a_stamped_file_needs_no_prepare_and_a_delete_is_reported) {
   int fd = ::open(Mounted("made").c_str(), O_CREAT | O_RDWR, 0644);  // stamped at creation
   ASSERT_GE(fd, 0);

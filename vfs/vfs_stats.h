@@ -1,6 +1,7 @@
-// VfsStats: counters of the mount's operations, read by the agent's metrics.
+// VfsStats: counters of the mount's operations, and their latency, read by
+// the agent's metrics.
 //
-// Thread-safety: relaxed atomics; a reader sees each counter's own recent
+// Thread-safety: relaxed atomics (Histogram's are too); a reader sees each counter's own recent
 // value, not a consistent cut across counters.
 #pragma once
 
@@ -8,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string_view>
+
+#include "fleet/histogram.h"
 
 namespace fleetfs::vfs {
 
@@ -37,8 +40,14 @@ struct VfsStats {
   // Ranges fenced, and how many open handles they had.
   std::atomic<std::uint64_t> fences{0};
   std::atomic<std::uint64_t> handles_fenced{0};
+  // Per op, from the handler's start to its reply (a deferred lookup or open
+  // until the reply its restore let it send).
+  std::array<Histogram, kOpCount> latency{};
 
   void Count(Op op) { ops[static_cast<std::size_t>(op)].fetch_add(1, std::memory_order_relaxed); }
+  void Observe(Op op, std::chrono::nanoseconds took) {
+    latency[static_cast<std::size_t>(op)].Observe(took);
+  }
   void CountError(Op op, int err) {
     errors[static_cast<std::size_t>(op)][static_cast<std::size_t>(ErrKindOf(err))].fetch_add(
         1, std::memory_order_relaxed);

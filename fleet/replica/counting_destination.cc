@@ -75,62 +75,66 @@ void RequestCounter::Reset() {
   failures_.store(0);
 }
 
-CountingDestination::CountingDestination(std::shared_ptr<Destination> inner)
-    : inner_(std::move(inner)) {}
+CountingDestination::CountingDestination(std::shared_ptr<Destination> inner,
+                                         const MonotonicClock* clock)
+    : inner_(std::move(inner)), clock_(clock) {}
+
+std::array<HistogramSnapshot, kRequestKinds> CountingDestination::latencies() const {
+  std::array<HistogramSnapshot, kRequestKinds> out;
+  for (std::size_t i = 0; i < kRequestKinds; ++i) out[i] = latency_[i].Snapshot();
+  return out;
+}
+
+template <typename Call>
+auto CountingDestination::Timed(Request kind, Call&& call) {
+  counter_.Count(kind);
+  const MonoTime started = Now();
+  auto outcome = call();
+  latency_[static_cast<std::size_t>(kind)].Observe(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - started));
+  return counter_.Outcome(std::move(outcome));
+}
 
 Result<std::vector<std::string>> CountingDestination::List(std::string_view dir) {
-  counter_.Count(Request::kList);
-  return counter_.Outcome(inner_->List(dir));
+  return Timed(Request::kList, [&] { return inner_->List(dir); });
 }
 Result<std::vector<std::string>> CountingDestination::ListFrom(std::string_view dir,
                                                                std::string_view after) {
-  counter_.Count(Request::kList);
-  return counter_.Outcome(inner_->ListFrom(dir, after));
+  return Timed(Request::kList, [&] { return inner_->ListFrom(dir, after); });
 }
 Status CountingDestination::Put(std::string_view path, std::string_view bytes) {
-  counter_.Count(Request::kPut);
-  return counter_.Outcome(inner_->Put(path, bytes));
+  return Timed(Request::kPut, [&] { return inner_->Put(path, bytes); });
 }
 Status CountingDestination::PutFile(std::string_view path, int fd) {
-  counter_.Count(Request::kPut);
-  return counter_.Outcome(inner_->PutFile(path, fd));
+  return Timed(Request::kPut, [&] { return inner_->PutFile(path, fd); });
 }
 Status CountingDestination::Create(std::string_view path, std::string_view bytes) {
-  counter_.Count(Request::kCreate);
-  return counter_.Outcome(inner_->Create(path, bytes));
+  return Timed(Request::kCreate, [&] { return inner_->Create(path, bytes); });
 }
 Status CountingDestination::CreateFromFile(std::string_view path, int fd) {
-  counter_.Count(Request::kCreate);
-  return counter_.Outcome(inner_->CreateFromFile(path, fd));
+  return Timed(Request::kCreate, [&] { return inner_->CreateFromFile(path, fd); });
 }
 Status CountingDestination::Get(std::string_view path, const Sink& sink) {
-  counter_.Count(Request::kGet);
-  return counter_.Outcome(inner_->Get(path, sink));
+  return Timed(Request::kGet, [&] { return inner_->Get(path, sink); });
 }
 Result<std::string> CountingDestination::GetHead(std::string_view path, std::size_t n) {
-  counter_.Count(Request::kHead);
-  return counter_.Outcome(inner_->GetHead(path, n));
+  return Timed(Request::kHead, [&] { return inner_->GetHead(path, n); });
 }
 Result<std::uint64_t> CountingDestination::Size(std::string_view path) {
-  counter_.Count(Request::kSize);
-  return counter_.Outcome(inner_->Size(path));
+  return Timed(Request::kSize, [&] { return inner_->Size(path); });
 }
 Status CountingDestination::Remove(std::string_view path) {
-  counter_.Count(Request::kRemove);
-  return counter_.Outcome(inner_->Remove(path));
+  return Timed(Request::kRemove, [&] { return inner_->Remove(path); });
 }
 
 Status CountingDestination::RemoveObject(std::string_view path) {
-  counter_.Count(Request::kRemove);
-  return counter_.Outcome(inner_->RemoveObject(path));
+  return Timed(Request::kRemove, [&] { return inner_->RemoveObject(path); });
 }
 Status CountingDestination::Probe() {
-  counter_.Count(Request::kProbe);
-  return counter_.Outcome(inner_->Probe());
+  return Timed(Request::kProbe, [&] { return inner_->Probe(); });
 }
 Result<int> CountingDestination::CleanTemps(std::chrono::seconds max_age) {
-  counter_.Count(Request::kCleanTemps);
-  return counter_.Outcome(inner_->CleanTemps(max_age));
+  return Timed(Request::kCleanTemps, [&] { return inner_->CleanTemps(max_age); });
 }
 
 }  // namespace fleetfs::replica

@@ -5,7 +5,9 @@
 // alone, for destinations that count themselves (the in-memory fake).
 //
 // A call counts when it is made (a call still running counts), whatever its
-// outcome; failed calls are also counted apart when they return. Put and PutFile are both puts,
+// outcome; failed calls are also counted apart when they return. Each call is
+// also timed, by kind, when it returns (failed or not), for the latency
+// histograms of /metrics. Put and PutFile are both puts,
 // Create and CreateFromFile both creates, List and ListFrom both lists (each is one request to S3).
 //
 // Thread-safety: safe from any thread; the counters are atomics, so a
@@ -19,6 +21,8 @@
 #include <string>
 #include <string_view>
 
+#include "fleet/clock.h"
+#include "fleet/histogram.h"
 #include "fleet/replica/destination.h"
 
 namespace fleetfs::replica {
@@ -70,9 +74,14 @@ class RequestCounter {
 
 class CountingDestination final : public Destination {
  public:
-  explicit CountingDestination(std::shared_ptr<Destination> inner);
+  // `clock` times the calls; null: std::chrono::steady_clock. Must outlive
+  // this.
+  explicit CountingDestination(std::shared_ptr<Destination> inner,
+                               const MonotonicClock* clock = nullptr);
 
   RequestCounts counts() const { return counter_.Snapshot(); }
+  // How long the calls took, by kind (index: Request).
+  std::array<HistogramSnapshot, kRequestKinds> latencies() const;
   void ResetCounts() { counter_.Reset(); }
   Destination& inner() { return *inner_; }
 
@@ -92,8 +101,15 @@ class CountingDestination final : public Destination {
   Result<int> CleanTemps(std::chrono::seconds max_age) override;
 
  private:
+  // Counts `kind`, runs `call`, times it and counts its failure.
+  template <typename Call>
+  auto Timed(Request kind, Call&& call);
+  MonoTime Now() const { return clock_ ? clock_->Now() : std::chrono::steady_clock::now(); }
+
   const std::shared_ptr<Destination> inner_;
+  const MonotonicClock* const clock_;
   RequestCounter counter_;
+  std::array<Histogram, kRequestKinds> latency_{};
 };
 
 }  // namespace fleetfs::replica

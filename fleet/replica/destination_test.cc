@@ -316,6 +316,36 @@ TEST_P(FileDest, a_counting_destination_counts_requests_by_kind_and_failures) {
   EXPECT_EQ(counted.counts().total(), 0u);
 }
 
+// A clock that moves 7 ms at every second read: each call, started on one
+// read and ended on the next, takes 7 ms.
+class SteppingClock final : public MonotonicClock {
+ public:
+  MonoTime Now() const override {
+    if (reads_++ % 2 == 1) now_ += std::chrono::milliseconds(7);
+    return now_;
+  }
+
+ private:
+  mutable int reads_ = 0;
+  mutable MonoTime now_{};
+};
+
+TEST_P(FileDest, a_counting_destination_times_each_call_by_kind_failed_or_not) {
+  SteppingClock clock;
+  CountingDestination counted(dest_, &clock);
+  ASSERT_TRUE(counted.Put("k/a", "x").ok());
+  ASSERT_TRUE(counted.List("k").ok());
+  EXPECT_EQ(counted.Size("k/zzz").status().code(), Code::kNotFound);
+  auto by_kind = counted.latencies();
+  auto at = [&](Request r) { return by_kind[static_cast<std::size_t>(r)]; };
+  EXPECT_EQ(at(Request::kPut).count(), 1u);
+  EXPECT_EQ(at(Request::kList).count(), 1u);
+  EXPECT_EQ(at(Request::kSize).count(), 1u);
+  EXPECT_EQ(at(Request::kGet).count(), 0u);
+  EXPECT_EQ(at(Request::kPut).sum_ns, 7'000'000u);
+  EXPECT_EQ(at(Request::kSize).buckets[HistogramBucketOf(7'000'000)], 1u);  // le="0.01"
+}
+
 // ---- the fakes
 
 TEST(MemoryDestination, lists_one_level_like_a_directory) {

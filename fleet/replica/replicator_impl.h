@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "fleet/histogram.h"
 #include "fleet/replica/capture.h"
 #include "fleet/replica/log_object.h"
 #include "fleet/replica/log_writer.h"
@@ -63,6 +64,8 @@ struct Counters {
   std::atomic<std::uint64_t> absent_listed{0};
   std::atomic<std::uint64_t> continued{0};
   std::atomic<std::uint64_t> visits{0};
+  // Restores published: from the start of the restore to its publication.
+  Histogram restore_time;
 };
 
 class Tenant;

@@ -339,7 +339,9 @@ int Replicator::Impl::RestoreInPlace(const FleetFile& main, std::uint64_t epoch,
                  main.main_path, epoch);
     return ENOENT;
   }
-  auto ms = std::chrono::duration_cast<Millis>(o_.mono->Now() - started).count();
+  const auto took = o_.mono->Now() - started;
+  counters_.restore_time.Observe(std::chrono::duration_cast<std::chrono::nanoseconds>(took));
+  auto ms = std::chrono::duration_cast<Millis>(took).count();
   spdlog::info("replica: restored {} as of log sequence {} ({} commits after its snapshot, {} bytes) "
                "in {} ms",
                main.main_path, outcome->as_of_seq.value_or(0), outcome->commits, outcome->bytes, ms);

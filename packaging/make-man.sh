@@ -24,8 +24,27 @@ escape() {
   sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/"
 }
 
+# help2man reflows the text after the options, which would run the
+# examples together: it reads the help up to the subcommand list (through a
+# wrapper named fleetfs, as the page is), and the rest goes in verbatim.
+top_help="$("$binary" --help)"
+cat > "$work/fleetfs" <<WRAPPER
+#!/bin/sh
+if [ "\$1" = --help ]; then
+  "$binary" --help | awk 'tolower(\$0) ~ /^subcommands:\$/ {s = 1} s && /^\$/ {exit} {print}'
+else
+  exec "$binary" "\$@"
+fi
+WRAPPER
+chmod +x "$work/fleetfs"
+
 include="$work/commands.h2m"
 {
+  echo "[DESCRIPTION]"
+  echo ".nf"
+  printf '%s\n' "$top_help" | awk 'tolower($0) ~ /^subcommands:$/ {s = 1} s == 1 && /^$/ {s = 2; next} s == 2 {print}' |
+    sed -e '/./,$!d' | escape
+  echo ".fi"
   echo "[COMMANDS]"
   echo "Each command's own help (\\fBfleetfs COMMAND --help\\fR)."
   for cmd in $("$binary" --help | subcommands); do
@@ -65,6 +84,6 @@ ROFF
 
 help2man --no-info --section 1 --source "fleetfs" --manual "fleetfs manual" \
   --name "volume agent for fleets of SQLite databases" \
-  --include "$include" --output "$work/fleetfs.1" "$binary"
+  --include "$include" --output "$work/fleetfs.1" "$work/fleetfs"
 gzip -9n < "$work/fleetfs.1" > "$output.tmp"
 mv "$output.tmp" "$output"

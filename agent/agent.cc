@@ -18,9 +18,9 @@
 
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
+#include "agent/journal_log.h"
 #include "agent/lifecycle.h"
 #include "agent/report.h"
-#include "agent/journal_log.h"
 #include "agent/stale_mount.h"
 #include "agent/systemd_notify.h"
 #include "agent/volume_lock.h"

@@ -62,7 +62,7 @@ class SystemdNotifyTest(harness.MountTest):
                 self.fail_with_logs(f"agent exited before {what}; messages {self.seen}")
 
     def test_ready_status_watchdog_and_stopping_reach_the_service_manager(self):
-        a = self.agent(ttl="3s")
+        a = self.agent(ttl="3s", extra=["--replica", f"file://{self.root}/replica"])
         # The log file is the agent's stderr; JOURNAL_STREAM names it as
         # systemd names the journal's stream.
         open(a.log_path, "ab").close()
@@ -80,7 +80,7 @@ class SystemdNotifyTest(harness.MountTest):
         self.assertIn(f"mounted {a.mount}", log)
 
         status = self.wait_message(a, lambda m: m.startswith("STATUS="), "STATUS=")
-        self.assertEqual(status, "STATUS=serving 1 of 1 range, 0 open files")
+        self.assertRegex(status, r"^STATUS=serving 1 of 1 range, 0 open files, lag \d+\.\ds$")
         self.wait_message(a, lambda m: m == "WATCHDOG=1", "WATCHDOG=1")
         self.wait_message(a, lambda m: m == "WATCHDOG=1", "a second WATCHDOG=1")
 
@@ -91,8 +91,9 @@ class SystemdNotifyTest(harness.MountTest):
         try:
             db.execute("CREATE TABLE t(x)")
             db.commit()
-            self.wait_message(a, lambda m: m == "STATUS=serving 1 of 1 range, 1 open file",
-                              "STATUS with the open file")
+            self.wait_message(
+                a, lambda m: m.startswith("STATUS=serving 1 of 1 range, 1 open file, lag "),
+                "STATUS with the open file")
         finally:
             db.close()
 

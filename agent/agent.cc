@@ -21,9 +21,11 @@
 #include "agent/admin_server.h"
 #include "agent/backing_watch.h"
 #include "agent/handoff.h"
+#include "agent/journal_log.h"
 #include "agent/lifecycle.h"
 #include "agent/report.h"
 #include "agent/stale_mount.h"
+#include "agent/systemd_notify.h"
 #include "agent/volume_lock.h"
 #include "fleet/clock.h"
 #include "fleet/replica/counting_destination.h"
@@ -146,6 +148,9 @@ class Agent {
   void Finish();
   void CloseLoopHandles();
   AgentSnapshot Snapshot() const;
+  // systemd (agent/systemd_notify): READY, STATUS and the watchdog's pings.
+  void Announce();
+  void WatchdogTick();
   HttpResponse Serve(const std::string& method, const std::string& path) const;
 
   const AgentConfig& config_;
@@ -158,6 +163,8 @@ class Agent {
   uv_async_t posted_async_{};
   uv_signal_t sigterm_{};
   uv_signal_t sigint_{};
+  uv_timer_t notify_timer_{};    // STATUS refreshes; runs only under a service manager
+  uv_timer_t watchdog_timer_{};  // runs only when systemd asked for pings
 
   // Set once in Run before any reader starts; for ToWallMs of the display.
   std::shared_ptr<const lease::OwnershipStore> store_;
@@ -193,6 +200,10 @@ class Agent {
   OfferWatch offer_watch_;
   MonoTime handoff_wake_ = MonoTime::max();
   bool claim_now_ = false;  // an offer to this host was seen: refresh at once
+  SystemdNotifier notifier_;
+  ServiceAnnouncer announcer_;
+  std::optional<WatchdogHealth> watchdog_health_;
+  bool watchdog_withheld_ = false;  // the last tick withheld the ping (logged once)
 
   // Mirrors of loop-thread state for readers on other threads (the status
   // files are made on FUSE threads).
@@ -348,6 +359,7 @@ void Agent::Apply(Actions actions) {
     return;
   }
   phase_ = lifecycle_.phase();
+  Announce();
   Arm(actions.wake);
 }
 
@@ -726,6 +738,9 @@ void Agent::Finish() {
   if (admin_) admin_->Close();
   uv_timer_stop(&wake_);
   uv_timer_stop(&backing_timer_);
+  uv_timer_stop(&notify_timer_);
+  uv_timer_stop(&watchdog_timer_);
+  if (auto stopping = announcer_.Stopping()) notifier_.Send(*stopping);
   CloseLoopHandles();
   // A store call that still hangs keeps its pool thread; it must not keep
   // the agent from exiting.
@@ -735,6 +750,8 @@ void Agent::Finish() {
 void Agent::CloseLoopHandles() {
   for (uv_handle_t* h : {reinterpret_cast<uv_handle_t*>(&wake_),
                          reinterpret_cast<uv_handle_t*>(&backing_timer_),
+                         reinterpret_cast<uv_handle_t*>(&notify_timer_),
+                         reinterpret_cast<uv_handle_t*>(&watchdog_timer_),
                          reinterpret_cast<uv_handle_t*>(&posted_async_),
                          reinterpret_cast<uv_handle_t*>(&sigterm_),
                          reinterpret_cast<uv_handle_t*>(&sigint_)}) {
@@ -795,6 +812,41 @@ AgentSnapshot Agent::Snapshot() const {
     }
   }
   return s;
+}
+
+// ---- systemd ----
+
+void Agent::Announce() {
+  if (!notifier_.active()) return;
+  const AgentSnapshot s = Snapshot();
+  ServiceState state;
+  state.phase = lifecycle_.phase();
+  state.mounted = fs_ != nullptr;
+  state.ranges = s.ranges.size();
+  for (const RangeSnapshot& r : s.ranges) {
+    if (RangeState(r.status, s.phase) == "serving") ++state.serving;
+    if (replicator_) state.lag_s = std::max(state.lag_s.value_or(0), r.replication_lag_s);
+  }
+  if (replicator_ && !state.lag_s) state.lag_s = 0;
+  state.open_files = s.vfs ? s.vfs->open_handles : 0;
+  state.failure = s.failure;
+  for (const std::string& message : announcer_.Update(state)) notifier_.Send(message);
+}
+
+void Agent::WatchdogTick() {
+  if (lifecycle_.phase() == Phase::kStopped || !watchdog_health_) return;
+  std::optional<std::string> why =
+      watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refreshes_.load());
+  if (!why) {
+    if (watchdog_withheld_) spdlog::info("the loop is healthy again: pinging the watchdog");
+    watchdog_withheld_ = false;
+    notifier_.Send("WATCHDOG=1");
+    return;
+  }
+  if (!watchdog_withheld_) {
+    spdlog::error("not pinging the systemd watchdog: {}; systemd restarts the agent", *why);
+  }
+  watchdog_withheld_ = true;
 }
 
 HttpResponse Agent::Serve(const std::string& method, const std::string& path) const {
@@ -894,6 +946,23 @@ int Agent::Run(std::ostream& err) {
   posted_async_.data = this;
   uv_signal_init(&loop_, &sigterm_);
   uv_signal_init(&loop_, &sigint_);
+  uv_timer_init(&loop_, &notify_timer_);
+  notify_timer_.data = this;
+  uv_timer_init(&loop_, &watchdog_timer_);
+  watchdog_timer_.data = this;
+  if (notifier_.active()) {
+    // Open files and lag change without a step: the STATUS line follows them.
+    uv_timer_start(&notify_timer_, [](uv_timer_t* t) { static_cast<Agent*>(t->data)->Announce(); },
+                   1000, 1000);
+  }
+  if (auto interval = notifier_.watchdog_interval()) {
+    // Half the interval, as sd_watchdog_enabled(3) advises: one late tick is not a miss.
+    const auto every = static_cast<std::uint64_t>(std::max<std::int64_t>(interval->count() / 2, 1));
+    watchdog_health_.emplace(config_.ttl, mono_.Now());
+    uv_timer_start(&watchdog_timer_,
+                   [](uv_timer_t* t) { static_cast<Agent*>(t->data)->WatchdogTick(); }, 0, every);
+    spdlog::info("pinging the systemd watchdog every {} ms while the loop is healthy", every);
+  }
   sigterm_.data = this;
   sigint_.data = this;
 
@@ -955,6 +1024,7 @@ int Agent::Run(std::ostream& err) {
   }
   auto on_signal = [](uv_signal_t* handle, int signum) {
     auto* agent = static_cast<Agent*>(handle->data);
+    if (auto stopping = agent->announcer_.Stopping()) agent->notifier_.Send(*stopping);
     agent->Apply(agent->lifecycle_.Signal(agent->mono_.Now(),
                                           signum == SIGTERM ? "SIGTERM" : "SIGINT",
                                           agent->Observe()));
@@ -996,7 +1066,7 @@ int Agent::Run(std::ostream& err) {
 int RunAgent(const AgentConfig& config, std::ostream& err) {
   static auto logger = [] {
     auto l = spdlog::stderr_logger_mt("fleetfs");
-    l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+    ConfigureLogFormat(*l, DetectLogTarget());
     l->flush_on(spdlog::level::info);
     spdlog::set_default_logger(l);
     return l;

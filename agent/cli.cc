@@ -660,6 +660,13 @@ opens; open handles get --shutdown-grace to close; then every handle is
 fenced, the ranges are released when no store call can still land, and the
 mount is removed. A second SIGTERM skips the grace.
 
+Under systemd (NOTIFY_SOCKET set; the package's fleetfs.service is
+Type=notify): READY=1 once the mount is up and the first claims answered,
+STATUS= with the serving summary, STOPPING=1 at SIGTERM, and WATCHDOG=1 every
+WatchdogSec/2 while the loop runs and its refresh rounds keep ending. With
+stderr in the journal (JOURNAL_STREAM), log lines carry their level as the
+priority ("<4>...") and no time stamp.
+
 CONFIGURATION FILE (TOML; every key is also a flag, flags win, and every
 value in the file is checked even when a flag overrides it; durations are
 strings with their unit, ranges are strings; nothing is touched before every

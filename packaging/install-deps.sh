@@ -12,6 +12,12 @@ packages=(
   libzstd-dev libxxhash-dev libcurl4-openssl-dev
   # the s3:// destination: XML answers, SHA-256 of request bodies
   libpugixml-dev libssl-dev
+  # the agent as a systemd Type=notify service (sd_notify, the watchdog)
+  libsystemd-dev
+  # packaging/build-deb.sh: the man page from --help (help2man), the
+  # package's Depends from the linked libraries (dpkg-shlibdeps), and
+  # tests/packaging's man page check (man-db)
+  help2man dpkg-dev man-db
   # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
   fuse3
   # tests: real clients and servers the tests drive

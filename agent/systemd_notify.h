@@ -1,0 +1,102 @@
+// The agent as a systemd Type=notify service (sd_notify(3)): READY=1 once it
+// serves, STATUS= with the serving summary, STOPPING=1 at the stop signal,
+// and WATCHDOG=1 from the loop while the loop is healthy.
+//
+// READY=1 is sent once the agent reaches phase serving: the first refresh
+// round has answered, every range it claimed is in the view ("serving range
+// ..." is logged) and the mount is up ("mounted ..."). A range another owner
+// holds does not delay it: the agent is ready once that first round has
+// answered and the mount is up, serving what it could claim (it claims the
+// rest when the holder lets go). Units ordered after fleetfs.service start
+// then, and find the mount there.
+//
+// Healthy, for the watchdog: the ping runs on a loop timer, so a loop that
+// is blocked does not ping at all; and the refresh machinery is not wedged.
+// A refresh starts every ttl/3 and its store calls end within ttl/3 (a time
+// limit), so a refresh round ends at least every 2/3 ttl; none for
+// ttl/3 + ttl while the agent renews means the rounds no longer end, and the
+// ping is withheld so systemd restarts the agent (WatchdogSec later).
+//
+// ServiceAnnouncer and WatchdogHealth are pure (time is passed in); the
+// SystemdNotifier shell sends through libsystemd and is a no-op when
+// NOTIFY_SOCKET is unset.
+//
+// Thread-safety: none; the loop thread owns all three.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/lifecycle.h"
+#include "fleet/clock.h"
+
+namespace fleetfs::agent {
+
+// What the service manager is told about.
+struct ServiceState {
+  Phase phase = Phase::kStarting;
+  bool mounted = false;
+  std::size_t serving = 0;  // ranges served now
+  std::size_t ranges = 0;   // ranges configured
+  std::size_t open_files = 0;
+  std::optional<double> lag_s;  // the largest replication lag; nullopt with replication off
+  std::string failure;          // why the agent stood down (phase failed)
+};
+
+// "serving 2 of 3 ranges, 14 open files, lag 0.4s"; other phases lead with
+// their name ("draining: serving 0 of 3 ranges, 2 open files").
+std::string StatusLine(const ServiceState& state);
+
+// Which notify messages a state change calls for.
+class ServiceAnnouncer {
+ public:
+  // "READY=1" the first time the agent serves with its mount up, and
+  // "STATUS=..." whenever the line changed; empty when nothing is new.
+  std::vector<std::string> Update(const ServiceState& state);
+  // "STOPPING=1" the first time; nullopt after.
+  std::optional<std::string> Stopping();
+
+ private:
+  bool ready_sent_ = false;
+  bool stopping_sent_ = false;
+  std::string last_status_;
+};
+
+// Whether the loop may ping the watchdog (see the file comment).
+class WatchdogHealth {
+ public:
+  WatchdogHealth(Millis ttl, MonoTime start) : ttl_(ttl), last_progress_(start) {}
+  // At a watchdog tick: `renews` is the lifecycle's renews(), `refreshes_ended`
+  // the count of refresh rounds ended so far. nullopt: healthy, ping; else why
+  // not, for the log.
+  std::optional<std::string> Check(MonoTime now, bool renews, std::uint64_t refreshes_ended);
+  // How long without a refresh round ending counts as wedged.
+  Millis overdue_after() const { return ttl_ / 3 + ttl_; }
+
+ private:
+  Millis ttl_;
+  MonoTime last_progress_;  // the last tick that saw a new round end, or not renewing
+  std::uint64_t refreshes_seen_ = 0;
+};
+
+// sd_notify through libsystemd.
+class SystemdNotifier {
+ public:
+  // Reads NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID (sd_watchdog_enabled).
+  SystemdNotifier();
+  // NOTIFY_SOCKET is set: the agent runs under a service manager that listens.
+  bool active() const { return active_; }
+  // The watchdog interval when systemd asked for pings of this process.
+  std::optional<Millis> watchdog_interval() const { return watchdog_; }
+  // Sends one message ("READY=1"); a failure is logged once, never fatal.
+  void Send(const std::string& message);
+
+ private:
+  bool active_ = false;
+  bool send_failed_ = false;
+  std::optional<Millis> watchdog_;
+};
+
+}  // namespace fleetfs::agent

@@ -1,0 +1,169 @@
+"""The Debian package: packaging/build-deb.sh run on the build tree under test
+(FLEETFS_BUILD_DIR), then the .deb checked as dpkg sees it.
+
+It is installed with a real `dpkg -i` into a scratch root (`dpkg --root`),
+not onto this machine: the test runs beside others and as root, and must
+neither replace a fleetfs someone installed nor leave one behind. The scratch
+root has no libraries registered, so the install forces past Depends; Depends
+is checked instead against this machine's installed packages (the libraries
+the binary was linked with), each with its version bound.
+"""
+import glob
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+SOURCE = os.environ.get("FLEETFS_SOURCE_DIR", "")
+BUILD = os.environ.get("FLEETFS_BUILD_DIR", "")
+VERSION = os.environ.get("FLEETFS_VERSION", "")
+
+FILES = ["/usr/bin/fleetfs", "/etc/fleetfs/agent.toml", "/usr/share/man/man1/fleetfs.1.gz",
+         "/lib/systemd/system/fleetfs.service"]
+
+
+def run(*argv, **kwargs):
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs).stdout
+
+
+class DebTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not (SOURCE and BUILD and VERSION):
+            raise unittest.SkipTest("FLEETFS_SOURCE_DIR, FLEETFS_BUILD_DIR and FLEETFS_VERSION "
+                                    "are set by ctest")
+        cls.tmp = tempfile.mkdtemp(prefix="fleetfs-deb-", dir="/tmp")
+        out = run("bash", os.path.join(SOURCE, "packaging", "build-deb.sh"),
+                  "--build-dir", BUILD, "--out", os.path.join(cls.tmp, "out"))
+        cls.deb = out.strip().splitlines()[-1]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="root-", dir=self.tmp)
+        admin = os.path.join(self.root, "var", "lib", "dpkg")
+        for d in ("info", "updates", "triggers"):
+            os.makedirs(os.path.join(admin, d))
+        for f in ("status", "available"):
+            open(os.path.join(admin, f), "w").close()
+
+    def dpkg(self, *args):
+        return run("dpkg", f"--root={self.root}", "--force-depends", *args)
+
+    def field(self, name):
+        return run("dpkg-deb", "-f", self.deb, name).strip()
+
+    def test_the_file_name_and_control_fields(self):
+        self.assertEqual(os.path.basename(self.deb), f"fleetfs_{VERSION}_amd64.deb")
+        self.assertEqual(self.field("Package"), "fleetfs")
+        self.assertEqual(self.field("Version"), VERSION)
+        self.assertEqual(self.field("Architecture"), "amd64")
+
+    def test_depends_lists_the_linked_libraries_and_this_machine_satisfies_them(self):
+        depends = self.field("Depends")
+        names = {}
+        for clause in depends.split(","):
+            m = re.fullmatch(r"\s*([a-z0-9.+-]+)(?::any)?\s*(?:\((\S+)\s+([^)]+)\))?\s*", clause)
+            self.assertIsNotNone(m, f"a Depends clause dpkg-shlibdeps would not write: {clause!r}")
+            names[m.group(1)] = (m.group(2), m.group(3))
+        for lib in ("libc6", "libfuse3-3", "libsqlite3-0", "libuv1", "libsystemd0", "libcurl4",
+                    "libzstd1", "fuse3"):
+            self.assertIn(lib, names, f"Depends: {depends}")
+        self.assertTrue(any(n.startswith("libspdlog") for n in names), f"Depends: {depends}")
+        for name, (op, version) in names.items():
+            installed = run("dpkg-query", "-W", "-f=${Version}", name)
+            if op:
+                ok = subprocess.run(["dpkg", "--compare-versions", installed, op, version])
+                self.assertEqual(ok.returncode, 0, f"{name} {installed} is not {op} {version}")
+
+    def test_the_package_holds_the_files_and_marks_the_configuration_a_conffile(self):
+        listing = run("dpkg-deb", "-c", self.deb)
+        paths = {line.split()[-1].lstrip(".") for line in listing.splitlines()}
+        for f in FILES:
+            self.assertIn(f, paths)
+        self.assertEqual(run("dpkg-deb", "-I", self.deb, "conffiles").split(),
+                         ["/etc/fleetfs/agent.toml"])
+
+    def test_dpkg_installs_it_keeps_an_edited_conffile_and_removes_it(self):
+        self.dpkg("-i", self.deb)
+        for f in FILES:
+            self.assertTrue(os.path.isfile(self.root + f), f)
+        binary = self.root + "/usr/bin/fleetfs"
+        self.assertEqual(run(binary, "--version").strip(), f"fleetfs {VERSION}")
+        self.assertIn("Status: install ok installed", self.dpkg("-s", "fleetfs"))
+        self.assertRegex(self.dpkg("-s", "fleetfs"), r"Conffiles:\n /etc/fleetfs/agent.toml [0-9a-f]{32}")
+        with open(os.path.join(SOURCE, "packaging", "agent.toml")) as f:
+            shipped = f.read()
+        with open(self.root + "/etc/fleetfs/agent.toml") as f:
+            self.assertEqual(f.read(), shipped)
+
+        conf = self.root + "/etc/fleetfs/agent.toml"
+        with open(conf, "a") as f:
+            f.write('owner = "host-edited"\n')
+        self.dpkg("-i", self.deb)  # the same version again: an edited conffile stays
+        with open(conf) as f:
+            self.assertIn('owner = "host-edited"', f.read())
+
+        self.dpkg("-r", "fleetfs")
+        self.assertFalse(os.path.exists(binary))
+        self.assertTrue(os.path.exists(conf), "remove keeps the conffile")
+        self.dpkg("-P", "fleetfs")
+        self.assertFalse(os.path.exists(conf), "purge takes the conffile")
+
+    def test_the_man_page_renders_with_every_command(self):
+        self.dpkg("-i", self.deb)
+        page = self.root + "/usr/share/man/man1/fleetfs.1.gz"
+        with gzip.open(page, "rt") as f:
+            source = f.read()
+        self.assertIn(".TH FLEETFS \"1\"", source)
+        r = subprocess.run(["man", "--warnings", "-l", "-P", "cat", page], capture_output=True,
+                           text=True, env={**os.environ, "MANWIDTH": "100", "LC_ALL": "C.UTF-8"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "", "groff warnings")
+        text = r.stdout
+        self.assertIn("fleetfs - volume agent for fleets of SQLite databases", text)
+        binary = self.root + "/usr/bin/fleetfs"
+        top = run(binary, "--help")
+        listed = top.split("Subcommands:\n")[1].split("\n\n")[0]
+        commands = re.findall(r"^  ([a-z]+)\s", listed, re.M)
+        self.assertIn("mount", commands)
+        headings = set(re.findall(r"^   (fleetfs [a-z ]+)$", text, re.M))
+        for cmd in commands:
+            self.assertIn(f"fleetfs {cmd}", headings)
+        for heading in ("fleetfs lease claim", "fleetfs replica verify"):
+            self.assertIn(heading, headings)
+        for word in ("--config", "--shutdown-grace", "NOTIFY_SOCKET", "/etc/fleetfs/agent.toml"):
+            self.assertIn(word, text)
+
+    def test_the_unit_passes_systemd_analyze_verify(self):
+        if shutil.which("systemd-analyze") is None:
+            self.skipTest("systemd-analyze is not installed")
+        self.dpkg("-i", self.deb)
+        unit = self.root + "/lib/systemd/system/fleetfs.service"
+        with open(unit) as f:
+            text = f.read()
+        for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "LimitNOFILE=",
+                     "After=network-online.target",
+                     "ExecStart=/usr/bin/fleetfs mount --config /etc/fleetfs/agent.toml"):
+            self.assertIn(line, text)
+        # What every installed system has and the unit refers to: the targets
+        # its default dependencies name, and mkdir (ExecStartPre). Documentation=
+        # is not looked up (--man=no): the man page is the test above's.
+        for target in glob.glob("/lib/systemd/system/*.target"):
+            shutil.copy(target, self.root + "/lib/systemd/system/")
+        os.makedirs(self.root + "/bin", exist_ok=True)
+        shutil.copy("/bin/mkdir", self.root + "/bin/mkdir")
+        r = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={self.root}",
+                            "/lib/systemd/system/fleetfs.service"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertNotIn("fleetfs.service", r.stdout + r.stderr, "warnings about the unit")
+
+
+if __name__ == "__main__":
+    unittest.main()

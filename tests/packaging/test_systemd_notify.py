@@ -1,0 +1,130 @@
+"""The agent under a service manager: the built binary with a fake
+NOTIFY_SOCKET (an AF_UNIX datagram socket this test reads, as systemd's) and
+WATCHDOG_USEC set, and stderr named by JOURNAL_STREAM as systemd names the
+journal's stream.
+
+Checks READY=1 comes once the mount is up (it is a FUSE mount at that moment,
+and the log has said "serving range" and "mounted"), STATUS= with the serving
+summary, WATCHDOG=1 pings, STOPPING=1 at SIGTERM, and journald-style log lines.
+"""
+import os
+import signal
+import socket
+import sqlite3
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mount"))
+import harness  # noqa: E402
+
+WAIT = 60  # seconds for any one message; generous, never a measurement
+
+
+def fuse_mounts():
+    """{mount point: fstype} of FUSE mounts, from /proc/self/mountinfo."""
+    found = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            if fields[sep + 1].startswith("fuse"):
+                found[fields[4].replace("\\040", " ")] = fields[sep + 1]
+    return found
+
+
+class SystemdNotifyTest(harness.MountTest):
+    TIME_LIMIT = 240
+
+    def setUp(self):
+        super().setUp()
+        self.sock_path = os.path.join(self.root, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(self.sock.close)
+        self.sock.bind(self.sock_path)
+        self.sock.settimeout(WAIT)
+        self.seen = []
+
+    def next_message(self, agent):
+        try:
+            data = self.sock.recv(65536).decode()
+        except socket.timeout:
+            self.fail_with_logs(f"no notify message in {WAIT}s; so far {self.seen}")
+        for line in data.splitlines():
+            self.seen.append(line)
+        return data
+
+    def wait_message(self, agent, predicate, what):
+        while True:
+            data = self.next_message(agent)
+            for line in data.splitlines():
+                if predicate(line):
+                    return line
+            if not agent.running():
+                self.fail_with_logs(f"agent exited before {what}; messages {self.seen}")
+
+    def test_ready_status_watchdog_and_stopping_reach_the_service_manager(self):
+        a = self.agent(ttl="3s", extra=["--replica", f"file://{self.root}/replica"])
+        # The log file is the agent's stderr; JOURNAL_STREAM names it as
+        # systemd names the journal's stream.
+        open(a.log_path, "ab").close()
+        st = os.stat(a.log_path)
+        a.env.update({"NOTIFY_SOCKET": self.sock_path, "WATCHDOG_USEC": "1000000",
+                      "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+        a.start()
+
+        self.wait_message(a, lambda m: m == "READY=1", "READY=1")
+        mounts = fuse_mounts()
+        self.assertEqual(mounts.get(a.mount), "fuse.fleetfs",
+                         f"READY=1 came before {a.mount} was a fleetfs mount: {mounts}")
+        log = a.log()
+        self.assertIn("serving range 0-16383", log)
+        self.assertIn(f"mounted {a.mount}", log)
+
+        status = self.wait_message(a, lambda m: m.startswith("STATUS="), "STATUS=")
+        self.assertRegex(status, r"^STATUS=serving 1 of 1 range, 0 open files, lag \d+\.\ds$")
+        self.wait_message(a, lambda m: m == "WATCHDOG=1", "WATCHDOG=1")
+        self.wait_message(a, lambda m: m == "WATCHDOG=1", "a second WATCHDOG=1")
+
+        # An open file shows in the STATUS line.
+        tenant = harness.tenants_in(0, 16383, 1)[0]
+        path = os.path.join(a.mount, harness.slots(tenant)[tenant]["tenant_path"])
+        db = sqlite3.connect(path)
+        try:
+            db.execute("CREATE TABLE t(x)")
+            db.commit()
+            self.wait_message(
+                a, lambda m: m.startswith("STATUS=serving 1 of 1 range, 1 open file, lag "),
+                "STATUS with the open file")
+        finally:
+            db.close()
+
+        a.proc.send_signal(signal.SIGTERM)
+        self.wait_message(a, lambda m: m == "STOPPING=1", "STOPPING=1")
+        self.assertEqual(a.proc.wait(WAIT), 0, a.log_tail())
+        self.assertEqual(self.seen.count("READY=1"), 1, self.seen)
+
+        # journald's way: each line starts with its priority, no time stamp.
+        lines = [line for line in a.log().splitlines() if line]
+        self.assertTrue(lines)
+        for line in lines:
+            self.assertRegex(line, r"^<[2-7]>", "a log line without a priority prefix")
+            self.assertNotRegex(line, r"^<\d>\d{4}-\d\d-\d\dT", "a time stamp under journald")
+        self.assertTrue(any(line.startswith(f"<6>mounted {a.mount} ") for line in lines),
+                        "no info line for the mount")
+
+    def test_without_notify_socket_the_agent_logs_time_stamps_and_runs_as_before(self):
+        a = self.agent(ttl="3s")
+        a.env.update({"WATCHDOG_USEC": "1000000"})
+        a.env.pop("NOTIFY_SOCKET", None)
+        os.environ.pop("NOTIFY_SOCKET", None)
+        os.environ.pop("JOURNAL_STREAM", None)
+        a.start()
+        a.wait_states("serving", timeout=WAIT)
+        self.assertEqual(a.stop(timeout=WAIT), 0, a.log_tail())
+        first = a.log().splitlines()[0]
+        self.assertRegex(first, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} info ")
+        self.assertNotIn("watchdog", a.log())
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()

@@ -36,12 +36,11 @@ class OwnershipStore {
   // claim the range for `window`. A store that cannot keep offers answers
   // FailedPrecondition (and changes nothing).
   virtual Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch,
-                             const OwnerId& to, Millis window) {
-    (void)range, (void)owner, (void)epoch, (void)to, (void)window;
-    return Status(Code::kFailedPrecondition, "store " + url() + " keeps no offers; a handoff needs one");
-  }
+                             const OwnerId& to, Millis window) = 0;
   // Whether Offer works here.
-  virtual bool keeps_offers() const { return false; }
+  // Pure, as every call here: a wrapper that forgot one would answer for
+  // the store without asking it.
+  virtual bool keeps_offers() const = 0;
   // The whole table (rows and counter), read in one transaction.
   virtual Result<OwnershipTable> Read() = 0;
   // The rows that hold `slots` and the counter: what `where` needs. A store

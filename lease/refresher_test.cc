@@ -48,6 +48,7 @@ class GatedStore final : public OwnershipStore {
     std::lock_guard lock(mu_);
     return table_.Offer(range, owner, epoch, clock_.NowMs(), to, window);
   }
+  bool keeps_offers() const override { return true; }
   Result<OwnershipTable> Read() override {
     std::lock_guard lock(mu_);
     return table_;

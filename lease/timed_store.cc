@@ -7,6 +7,7 @@ std::string_view StoreCallName(StoreCallKind call) {
     case StoreCallKind::kClaim: return "claim";
     case StoreCallKind::kRenew: return "renew";
     case StoreCallKind::kRelease: return "release";
+    case StoreCallKind::kOffer: return "offer";
     case StoreCallKind::kRead: return "read";
     case StoreCallKind::kCount: break;
   }
@@ -41,6 +42,11 @@ Result<Decision> TimedStore::Renew(SlotRange range, const OwnerId& owner, Epoch 
 }
 Result<bool> TimedStore::Release(SlotRange range, const OwnerId& owner, Epoch epoch) {
   return Timed(StoreCallKind::kRelease, [&] { return inner_->Release(range, owner, epoch); });
+}
+Result<bool> TimedStore::Offer(SlotRange range, const OwnerId& owner, Epoch epoch,
+                               const OwnerId& to, Millis window) {
+  return Timed(StoreCallKind::kOffer,
+               [&] { return inner_->Offer(range, owner, epoch, to, window); });
 }
 Result<OwnershipTable> TimedStore::Read() {
   return Timed(StoreCallKind::kRead, [&] { return inner_->Read(); });

@@ -1,5 +1,5 @@
 // TimedStore: an OwnershipStore that forwards every call to another and
-// times it by kind (claim, renew, release, read), for the store call latency
+// times it by kind (claim, renew, release, offer, read), for the store call latency
 // histogram of /metrics: the store is what a lease's safety margin waits on,
 // and a slow one shows here before ranges start to lapse.
 //
@@ -19,9 +19,9 @@
 
 namespace fleetfs::lease {
 
-enum class StoreCallKind { kClaim, kRenew, kRelease, kRead, kCount };
+enum class StoreCallKind { kClaim, kRenew, kRelease, kOffer, kRead, kCount };
 inline constexpr std::size_t kStoreCallKinds = static_cast<std::size_t>(StoreCallKind::kCount);
-// "claim", "renew", "release", "read": for metrics labels.
+// "claim", "renew", "release", "offer", "read": for metrics labels.
 std::string_view StoreCallName(StoreCallKind call);
 
 class TimedStore final : public OwnershipStore {
@@ -37,6 +37,9 @@ class TimedStore final : public OwnershipStore {
   Result<Decision> Renew(SlotRange range, const OwnerId& owner, Epoch epoch,
                          Millis ttl) override;
   Result<bool> Release(SlotRange range, const OwnerId& owner, Epoch epoch) override;
+  Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
+                     Millis window) override;
+  bool keeps_offers() const override { return inner_->keeps_offers(); }
   // Read and ReadSlots are both reads.
   Result<OwnershipTable> Read() override;
   Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) override;

@@ -31,6 +31,12 @@ class SlowStore final : public OwnershipStore {
     clock_.Advance(took_);
     return table_.Release(range, owner, epoch, 0);
   }
+  Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
+                     Millis window) override {
+    clock_.Advance(took_);
+    return table_.Offer(range, owner, epoch, 0, to, window);
+  }
+  bool keeps_offers() const override { return true; }
   Result<OwnershipTable> Read() override {
     clock_.Advance(took_);
     return table_;
@@ -74,6 +80,22 @@ TEST(TimedStore, forwards_what_is_not_a_call) {
   EXPECT_EQ(store.url(), inner->url());
   EXPECT_EQ(store.ToWallMs(5), inner->ToWallMs(5));
   EXPECT_EQ(StoreCallName(StoreCallKind::kRelease), "release");
+}
+
+// A handoff asks the store whether it keeps offers and sends the offer through
+// this wrapper: a wrapper answering for itself would refuse every handoff.
+TEST(TimedStore, offers_go_to_the_store_and_are_timed) {
+  FakeMonotonicClock clock;
+  TimedStore store(std::make_shared<SlowStore>(clock, Millis(40)), clock);
+  EXPECT_TRUE(store.keeps_offers());
+  auto claimed = store.Claim(Range(0, 99), Owner("a"), Millis(30'000), 0);
+  ASSERT_TRUE(claimed.ok());
+  auto offered = store.Offer(Range(0, 99), Owner("a"), std::get<Grant>(*claimed).epoch, Owner("b"),
+                             Millis(30'000));
+  ASSERT_TRUE(offered.ok()) << offered.status().message();
+  EXPECT_TRUE(*offered);
+  EXPECT_EQ(store.latencies()[static_cast<std::size_t>(StoreCallKind::kOffer)].count(), 1u);
+  EXPECT_EQ(StoreCallName(StoreCallKind::kOffer), "offer");
 }
 
 }  // namespace

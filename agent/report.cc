@@ -372,12 +372,13 @@ std::string MetricsText(const AgentSnapshot& s) {
   };
   // One histogram family: its HELP and TYPE once, then one histogram per
   // label value.
-  auto histograms = [&](std::string_view name, std::string_view help_text, std::string_view label,
-                        std::size_t n, auto value_of, auto snapshot_of) {
+  auto histograms = [&](std::string_view name, std::string_view help_text,
+                        const HistogramBounds& bounds, std::string_view label, std::size_t n,
+                        auto value_of, auto snapshot_of) {
     WriteHistogramHeader(out, name, help_text);
     for (std::size_t i = 0; i < n; ++i) {
       WriteHistogram(out, name, std::string(label) + "=\"" + LabelValue(value_of(i)) + "\"",
-                     snapshot_of(i));
+                     snapshot_of(i), bounds);
     }
   };
   help("fleetfs_build_info", "gauge", "The build: version, commit and compiler; always 1.");
@@ -432,14 +433,16 @@ std::string MetricsText(const AgentSnapshot& s) {
   histograms(
       "fleetfs_fuse_request_duration_seconds",
       "FUSE requests by op, from the handler's start to its reply (a lookup or open that waits "
-      "for a restore until its answer).",
-      "op", vfs::kOpCount, [](std::size_t i) { return vfs::OpName(static_cast<vfs::Op>(i)); },
+      "for a restore until its answer); time queued in /dev/fuse before a worker takes the "
+      "request is not included.",
+      kRequestBounds, "op", vfs::kOpCount, [](std::size_t i) { return vfs::OpName(static_cast<vfs::Op>(i)); },
       [&](std::size_t i) { return v.latency[i]; });
   histograms(
       "fleetfs_store_call_duration_seconds",
       "Calls to the ownership store by kind, failed or not (a renewal slower than ttl/3 lapses "
-      "its range).",
-      "call", lease::kStoreCallKinds,
+      "its range); observed when a call returns, so a hung call shows only at its time limit "
+      "(etcd call timeout, SQLite busy timeout), as a failure.",
+      kCallBounds, "call", lease::kStoreCallKinds,
       [](std::size_t i) { return lease::StoreCallName(static_cast<lease::StoreCallKind>(i)); },
       [&](std::size_t i) { return s.store_call_time[i]; });
   help("fleetfs_fuse_errors_total", "counter", "FUSE operations answered with an error, by kind.");
@@ -493,14 +496,16 @@ std::string MetricsText(const AgentSnapshot& s) {
     }
     histograms(
         "fleetfs_replica_request_duration_seconds",
-        "Requests to the replica destination by kind, failed or not.", "kind",
+        "Requests to the replica destination by kind, failed or not; observed when a request "
+        "returns.",
+        kCallBounds, "kind",
         replica::kRequestKinds,
         [](std::size_t i) { return replica::RequestName(static_cast<replica::Request>(i)); },
         [&](std::size_t i) { return s.replica_request_time[i]; });
     WriteHistogramHeader(out, "fleetfs_restore_duration_seconds",
                          "Restores from the replica published here, from the start to the "
                          "publication (download, replay, publish).");
-    WriteHistogram(out, "fleetfs_restore_duration_seconds", "", r.restore_time);
+    WriteHistogram(out, "fleetfs_restore_duration_seconds", "", r.restore_time, kCallBounds);
     help("fleetfs_replica_request_failures_total", "counter",
          "Requests to the replica destination that returned an error, of any kind.");
     out << "fleetfs_replica_request_failures_total " << s.replica_requests.failures << '\n';

@@ -110,7 +110,7 @@ TEST(Report, metrics_have_latency_histograms_and_the_build_info) {
   s.store_call_time[static_cast<std::size_t>(lease::StoreCallKind::kRenew)].buckets[9] = 1;  // le="0.01"
   s.replication = replica::ReplicationStats{};
   s.replication->restore_time.buckets[16] = 2;  // le="2.5"
-  s.replica_request_time[static_cast<std::size_t>(replica::Request::kCreate)].buckets[kHistogramBuckets - 1] = 1;
+  s.replica_request_time[static_cast<std::size_t>(replica::Request::kCreate)].buckets[kCallBounds.inf()] = 1;
   std::string metrics = MetricsText(s);
   for (std::string line :
        {std::string("fleetfs_build_info{version=\"") + kBuildVersion + "\",commit=\"" +
@@ -125,12 +125,17 @@ TEST(Report, metrics_have_latency_histograms_and_the_build_info) {
         std::string("fleetfs_store_call_duration_seconds_count{call=\"claim\"} 0\n"),
         std::string("fleetfs_restore_duration_seconds_bucket{le=\"2.5\"} 2\n"),
         std::string("fleetfs_restore_duration_seconds_count 2\n"),
-        std::string("fleetfs_replica_request_duration_seconds_bucket{kind=\"create\",le=\"10\"} 0\n"),
+        std::string("fleetfs_replica_request_duration_seconds_bucket{kind=\"create\",le=\"300\"} 0\n"),
+        // Calls and restores go to 5 minutes; FUSE requests stop at 10 s.
+        std::string("fleetfs_restore_duration_seconds_bucket{le=\"300\"} 2\n"),
+        std::string("fleetfs_store_call_duration_seconds_bucket{call=\"renew\",le=\"60\"} 1\n"),
         std::string("fleetfs_replica_request_duration_seconds_bucket{kind=\"create\",le=\"+Inf\"} 1\n"),
         std::string("# TYPE fleetfs_fuse_request_duration_seconds histogram\n"),
         std::string("# TYPE fleetfs_restore_duration_seconds histogram\n")}) {
     EXPECT_NE(metrics.find(line), std::string::npos) << line;
   }
+  EXPECT_EQ(metrics.find("fleetfs_fuse_request_duration_seconds_bucket{op=\"read\",le=\"30\"}"),
+            std::string::npos);
   // HELP and TYPE once per family, histograms included.
   for (std::string_view kind : {"HELP", "TYPE"}) {
     for (const auto& [family, n] : HeaderCounts(metrics, kind)) {

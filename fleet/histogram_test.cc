@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -46,11 +47,39 @@ TEST(Histogram, a_value_above_10_seconds_counts_only_in_inf) {
   h.Observe(seconds(11));
   HistogramSnapshot s = h.Snapshot();
   EXPECT_EQ(HistogramBucketOf(10'000'000'001), kHistogramBuckets - 1);
-  EXPECT_EQ(s.buckets.back(), 1u);
+  EXPECT_EQ(s.buckets[kRequestBounds.inf()], 1u);
   EXPECT_EQ(s.count(), 1u);
   std::string text = Render("", s);
   EXPECT_NE(text.find("x_seconds_bucket{le=\"10\"} 0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("x_seconds_bucket{le=\"+Inf\"} 1\n"), std::string::npos) << text;
+}
+
+// A 45 s snapshot restore must not read as "10 s" (the top finite bound of
+// FUSE requests) on a dashboard.
+TEST(Histogram, call_bounds_count_a_45_second_restore_in_a_finite_bucket) {
+  EXPECT_EQ(kCallBounds.ns.back(), 300'000'000'000);
+  for (std::size_t i = 1; i < kCallBounds.ns.size(); ++i) {
+    EXPECT_LT(kCallBounds.ns[i - 1], kCallBounds.ns[i]);
+  }
+  ASSERT_EQ(kCallBounds.labels.size(), kCallBounds.ns.size());
+  CallHistogram h;
+  h.Observe(seconds(45));
+  HistogramSnapshot s = h.Snapshot();
+  EXPECT_LT(HistogramBucketOf(kCallBounds, 45'000'000'000), kCallBounds.inf());
+  EXPECT_EQ(s.buckets[kCallBounds.inf()], 0u);
+  std::ostringstream out;
+  WriteHistogram(out, "x_seconds", "", s, kCallBounds);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("x_seconds_bucket{le=\"30\"} 0\n"
+                      "x_seconds_bucket{le=\"60\"} 1\n"
+                      "x_seconds_bucket{le=\"120\"} 1\n"
+                      "x_seconds_bucket{le=\"300\"} 1\n"
+                      "x_seconds_bucket{le=\"+Inf\"} 1\n"),
+            std::string::npos)
+      << text;
+  // FUSE requests keep their 10 s top bound (and their series count).
+  EXPECT_EQ(kRequestBounds.ns.back(), 10'000'000'000);
+  EXPECT_EQ(kRequestBounds.buckets(), kHistogramBuckets);
 }
 
 TEST(Histogram, a_negative_duration_counts_in_the_first_bucket_and_adds_nothing) {
@@ -97,6 +126,32 @@ TEST(Histogram, observations_from_many_threads_are_all_counted) {
     for (int i = 0; i < kEach; ++i) want_sum += 1000u * static_cast<std::uint64_t>(1 + (i + t) % 5000);
   }
   EXPECT_EQ(s.sum_ns, want_sum);
+}
+
+// A scrape must never read a sum > 0 with a count of 0 (nor, generally, a
+// sum holding observations its count lacks): with every observation the same
+// duration, sum <= count * duration in every snapshot.
+TEST(Histogram, a_snapshot_never_holds_more_in_its_sum_than_in_its_count) {
+  Histogram h;
+  constexpr std::uint64_t kD = 1'000'000;  // 1 ms, every observation
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) h.Observe(nanoseconds(kD));
+    });
+  }
+  std::uint64_t bad = 0;
+  std::uint64_t first_sum = 0, first_count = 0;
+  for (int i = 0; i < 300000; ++i) {
+    HistogramSnapshot s = h.Snapshot();
+    if (s.sum_ns > s.count() * kD) {
+      if (bad++ == 0) first_sum = s.sum_ns, first_count = s.count();
+    }
+  }
+  stop = true;
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad, 0u) << "first: sum_ns " << first_sum << " with count " << first_count;
 }
 
 TEST(Histogram, renders_cumulative_buckets_then_sum_and_count) {

@@ -53,7 +53,7 @@ class TimedStore final : public OwnershipStore {
 
   const std::shared_ptr<OwnershipStore> inner_;
   const MonotonicClock& clock_;
-  std::array<Histogram, kStoreCallKinds> latency_{};
+  std::array<CallHistogram, kStoreCallKinds> latency_{};
 };
 
 }  // namespace fleetfs::lease

@@ -192,6 +192,9 @@ class FleetFs::Impl final : public FencedFiles {
     return view_.load(std::memory_order_acquire);
   }
   MonoTime Now() const { return options_.clock->Now(); }
+  MonoTime LatencyNow() const {
+    return (options_.latency_clock ? options_.latency_clock : options_.clock)->Now();
+  }
 
   // Times one request by op, from its handler's start to the end of the
   // handler (the reply is sent by then). A lookup or open deferred to the
@@ -199,7 +202,7 @@ class FleetFs::Impl final : public FencedFiles {
   // the same start.
   class RequestTimer {
    public:
-    RequestTimer(Impl& self, Op op) : self_(self), op_(op), started_(self.Now()) {}
+    RequestTimer(Impl& self, Op op) : self_(self), op_(op), started_(self.LatencyNow()) {}
     ~RequestTimer() {
       if (!handed_off_) self_.ObserveSince(op_, started_);
     }
@@ -215,7 +218,8 @@ class FleetFs::Impl final : public FencedFiles {
     bool handed_off_ = false;
   };
   void ObserveSince(Op op, MonoTime started) {
-    stats_.Observe(op, std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - started));
+    stats_.Observe(op,
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(LatencyNow() - started));
   }
 
   // Counts the operation, and the error when `err` is not 0; true when the

@@ -54,6 +54,10 @@ struct MountOptions {
   bool allow_create = true;  // false: creating a main file is refused (sidecars still work)
   int max_threads = 10;
   const MonotonicClock* clock = nullptr;  // must outlive the mount
+  // Times FUSE requests for the latency histograms; `clock` when null. Apart
+  // so that a test that counts the lease clock's reads is not raced by
+  // other requests' timing reads.
+  const MonotonicClock* latency_clock = nullptr;
   // Contents of the virtual files under .fleetfs/, made when one is opened,
   // on a FUSE thread.
   std::function<std::string()> status_json;

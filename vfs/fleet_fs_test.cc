@@ -67,6 +67,7 @@ class FleetFsTest : public ::testing::Test {
     options.backing = (root_ / "backing").string();
     options.mountpoint = (root_ / "mnt").string();
     options.clock = &clock_;
+    options.latency_clock = &latency_clock_;
     options.status_json = [] { return std::string("{}\n"); };
     options.before_backing_write = [this] {
       if (!hold_writes_.load()) return;
@@ -117,6 +118,7 @@ class FleetFsTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  FakeClock latency_clock_;  // request timing, apart from the lease clock's counted reads
   std::atomic<bool> hold_writes_{false};  // the next write waits inside the mount
   std::atomic<bool> held_{false};         // a write is waiting there
   std::filesystem::path root_;
@@ -505,7 +507,7 @@ TEST_F(FleetFsHooksTest, a_deferred_lookup_is_timed_until_its_answer_not_until_i
   // The bucket's lookup has been answered and timed; the held one not yet.
   const HistogramSnapshot before = fs_->stats().latency[lookup].Snapshot();
   EXPECT_EQ(before.buckets[HistogramBucketOf(3'000'000'000)], 0u);
-  clock_.Advance(seconds(3));  // the restore takes 3 s
+  latency_clock_.Advance(seconds(3));  // the restore takes 3 s
   hooks_.ReleaseAll();
   EXPECT_EQ(slow.get(), ENOENT);
   const HistogramSnapshot after = fs_->stats().latency[lookup].Snapshot();

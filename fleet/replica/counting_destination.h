@@ -109,7 +109,7 @@ class CountingDestination final : public Destination {
   const std::shared_ptr<Destination> inner_;
   const MonotonicClock* const clock_;
   RequestCounter counter_;
-  std::array<Histogram, kRequestKinds> latency_{};
+  std::array<CallHistogram, kRequestKinds> latency_{};
 };
 
 }  // namespace fleetfs::replica

@@ -65,7 +65,7 @@ struct Counters {
   std::atomic<std::uint64_t> continued{0};
   std::atomic<std::uint64_t> visits{0};
   // Restores published: from the start of the restore to its publication.
-  Histogram restore_time;
+  CallHistogram restore_time;
 };
 
 class Tenant;

@@ -101,6 +101,9 @@ def parse_exposition(text):
         if types.get(family) == "counter" and (value < 0 or math.isnan(value)):
             raise AssertionError(f"{where}: a counter below 0")
         samples.append((name, labels, value))
+    for family in sorted(seen_families):
+        if family not in types or family not in helps:
+            raise AssertionError(f"{family}: samples without both HELP and TYPE")
     return types, samples
 
 
@@ -122,8 +125,13 @@ def check_histograms(types, samples):
         else:
             s["count"] = value
     counts = {}
+    family_les = {}
     for key, s in series.items():
         les = [le for le, _ in s["buckets"]]
+        # histogram_quantile over a family sums buckets by le: one le set.
+        first = family_les.setdefault(key[0], (key, les))
+        if first[1] != les:
+            raise AssertionError(f"{key}: le bounds {les} differ from {first[0]}'s {first[1]}")
         if les != sorted(les) or len(set(les)) != len(les):
             raise AssertionError(f"{key}: le bounds not rising: {les}")
         if not les or les[-1] != math.inf:
@@ -175,6 +183,72 @@ def missing_metrics(doc, types, samples):
                 if name.endswith(suffix) and stem in types and types[stem] != "histogram":
                     missing.add(name)
     return sorted(missing)
+
+
+# Labels Prometheus adds to every scraped series: not in /metrics.
+TARGET_LABELS = {"instance", "job"}
+AGGREGATION = re.compile(r"\b(sum|avg|min|max|count|topk|bottomk|quantile|stddev|stdvar)\s*"
+                         r"(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+
+
+def closing_paren(text, open_at):
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    raise AssertionError(f"unbalanced parentheses in {text!r}")
+
+
+def aggregations(expr):
+    """(start, end, kind, labels) of each aggregation: prefix `sum by (a) (X)`
+    or suffix `sum(X) by (a)`; kind None when it has neither by nor without."""
+    out = []
+    for m in AGGREGATION.finditer(expr):
+        end = closing_paren(expr, m.end() - 1)
+        kind, labels = m.group(2), m.group(3)
+        if kind is None:
+            suffix = re.match(r"\s*(by|without)\s*\(([^)]*)\)", expr[end + 1:])
+            if suffix:
+                kind, labels = suffix.group(1), suffix.group(2)
+        names = {x.strip() for x in (labels or "").split(",") if x.strip()}
+        out.append((m.start(), end, kind, names))
+    return out
+
+
+def label_errors(doc, samples):
+    """What the dashboard's expressions get wrong about labels: a selector or
+    by/without label that none of the metrics named in the expression carry
+    (but Prometheus' target labels), label_values of a missing label, and a
+    histogram_quantile whose aggregations do not keep le."""
+    labels_of = {}
+    for name, labels, _ in samples:
+        labels_of.setdefault(name, set()).update(labels)
+    errors = []
+    for expr in dashboard_expressions(doc):
+        named = set(re.findall(r"fleetfs_[a-z0-9_]+", expr))
+        available = set(TARGET_LABELS)
+        for name in named:
+            available |= labels_of.get(name, set())
+        for m in re.finditer(r"(fleetfs_[a-z0-9_]+)\s*\{([^}]*)\}", expr):
+            for label in re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", m.group(2)):
+                if label not in TARGET_LABELS and label not in labels_of.get(m.group(1), set()):
+                    errors.append(f"{expr}: {m.group(1)} has no label {label}")
+        for m in re.finditer(r"label_values\(\s*(fleetfs_[a-z0-9_]+)\s*,\s*(\w+)\s*\)", expr):
+            if m.group(2) not in TARGET_LABELS | labels_of.get(m.group(1), set()):
+                errors.append(f"{expr}: {m.group(1)} has no label {m.group(2)}")
+        aggs = aggregations(expr)
+        for _, _, kind, names in aggs:
+            for label in sorted(names - available):
+                errors.append(f"{expr}: {kind} ({label}) but no metric here has it")
+        for m in re.finditer(r"histogram_quantile\s*\(", expr):
+            end = closing_paren(expr, m.end() - 1)
+            for start, _, kind, names in aggs:
+                if not m.end() <= start < end:
+                    continue
+                if kind != "by" or "le" not in names:
+                    errors.append(f"{expr}: an aggregation in histogram_quantile drops le")
+    return errors
 
 
 class Metrics(MountTest):
@@ -235,6 +309,11 @@ class Metrics(MountTest):
                        "fleetfs_restore_duration_seconds"):
             self.assertEqual(types.get(family), "histogram", family)
         self.assertGreaterEqual(count("fleetfs_restore_duration_seconds"), 1, text)
+        # Restores and calls reach 5 minutes; FUSE requests stop at 10 s.
+        les = {(family_of(n, types), l["le"]) for n, l, _ in samples if "le" in l}
+        self.assertIn(("fleetfs_restore_duration_seconds", "300"), les)
+        self.assertIn(("fleetfs_store_call_duration_seconds", "300"), les)
+        self.assertNotIn(("fleetfs_fuse_request_duration_seconds", "300"), les)
         for op in ("lookup", "open", "read", "write", "getattr"):
             self.assertGreater(count("fleetfs_fuse_request_duration_seconds", op=op), 0, op)
         self.assertGreater(count("fleetfs_store_call_duration_seconds", call="claim"), 0)
@@ -254,6 +333,8 @@ class Metrics(MountTest):
         self.assertGreater(len(dashboard_expressions(dashboard)), 10)
         self.assertEqual(missing_metrics(dashboard, types, samples), [],
                          "packaging/grafana-dashboard.json names metrics /metrics lacks")
+        self.assertEqual(label_errors(dashboard, samples), [],
+                         "packaging/grafana-dashboard.json uses labels /metrics lacks")
 
 
 class DashboardCheck(unittest.TestCase):
@@ -275,6 +356,40 @@ class DashboardCheck(unittest.TestCase):
         self.assertEqual(missing_metrics(doc, types, samples),
                          ["fleetfs_nonexistent_total", "fleetfs_x_seconds",
                           "fleetfs_y_total_count"])
+
+    def test_a_dashboard_using_a_label_that_is_not_there_or_dropping_le_is_caught(self):
+        types, samples = parse_exposition(self.TEXT)
+        good = [
+            "histogram_quantile(0.99, sum by (le, op) (rate(fleetfs_x_seconds_bucket{instance=~\"$i\", op=\"a\"}[5m])))",
+            "sum(rate(fleetfs_x_seconds_bucket[5m])) by (le)",
+            "sum by (instance) (fleetfs_y_total)",
+            "label_values(fleetfs_x_seconds_count, op)",
+        ]
+        bad = [
+            "histogram_quantile(0.99, sum by (op) (rate(fleetfs_x_seconds_bucket[5m])))",
+            "histogram_quantile(0.99, sum(rate(fleetfs_x_seconds_bucket[5m])))",
+            "histogram_quantile(0.99, sum(rate(fleetfs_x_seconds_bucket[5m])) by (op))",
+            "fleetfs_y_total{op=\"a\"}",
+            "sum by (kind) (fleetfs_x_seconds_count)",
+            "label_values(fleetfs_y_total, op)",
+        ]
+        def doc(exprs):
+            return {"panels": [{"targets": [{"expr": e} for e in exprs]}]}
+        self.assertEqual(label_errors(doc(good), samples), [])
+        for expr in bad:
+            self.assertEqual(len(label_errors(doc([expr]), samples)), 1, expr)
+
+    def test_a_family_without_help_or_type_or_with_two_le_sets_is_refused(self):
+        for drop in ("# HELP fleetfs_y_total Y.\n", "# TYPE fleetfs_y_total counter\n"):
+            with self.assertRaises(AssertionError, msg=drop):
+                parse_exposition(self.TEXT.replace(drop, ""))
+        two_sets = self.TEXT.replace(
+            'fleetfs_x_seconds_sum{op="a"}',
+            'fleetfs_x_seconds_bucket{op="b",le="+Inf"} 0\n'
+            'fleetfs_x_seconds_sum{op="b"} 0\nfleetfs_x_seconds_count{op="b"} 0\n'
+            'fleetfs_x_seconds_sum{op="a"}')
+        with self.assertRaises(AssertionError):
+            check_histograms(*parse_exposition(two_sets))
 
     def test_the_real_dashboard_names_fleetfs_metrics(self):
         with open(DASHBOARD) as f:

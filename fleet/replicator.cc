@@ -355,6 +355,31 @@ double Replicator::Impl::LagSeconds(Slot first, Slot last) const {
   return oldest == 0 ? 0.0 : std::max<WallMs>(0, NowMs() - oldest) / 1000.0;
 }
 
+std::vector<TenantReplication> Replicator::Impl::TenantStates() const {
+  std::vector<TenantReplication> out;
+  std::unordered_map<std::string, std::size_t> at;  // main path -> index in out
+  {
+    std::lock_guard lock(tenants_mu_);
+    for (const auto& [path, log] : logs_) {
+      const std::uint64_t seq = log->shown_seq.load();
+      if (seq == 0) continue;
+      at[path] = out.size();
+      out.push_back({path, seq, log->shown_ms.load(), 0, false});
+    }
+  }
+  for (const auto& t : ActiveTenants()) {
+    const std::string& path = t->main().main_path;
+    auto it = at.find(path);
+    if (it == at.end()) {
+      it = at.emplace(path, out.size()).first;
+      out.push_back({path, 0, 0, 0, false});
+    }
+    out[it->second].pending_since_ms = t->capture().oldest_pending_ms();
+    out[it->second].unshippable = t->capture().unshippable();
+  }
+  return out;
+}
+
 ReplicationStats Replicator::Impl::Stats() const {
   ReplicationStats s;
   s.txns_shipped = counters_.txns_shipped.load();
@@ -444,6 +469,7 @@ void Replicator::Warm(Slot first, Slot last, std::uint64_t epoch) { impl_->Warm(
 bool Replicator::Flush(MonoTime deadline) { return impl_->Flush(deadline); }
 double Replicator::LagSeconds(Slot first, Slot last) const { return impl_->LagSeconds(first, last); }
 ReplicationStats Replicator::Stats() const { return impl_->Stats(); }
+std::vector<TenantReplication> Replicator::TenantStates() const { return impl_->TenantStates(); }
 void Replicator::Stop() { impl_->Stop(); }
 
 }  // namespace fleetfs::replica

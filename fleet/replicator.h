@@ -182,6 +182,17 @@ struct ReplicationStats {
   double lag_p99_s = 0;
 };
 
+// What the replicator knows of one tenant now, for `fleetfs ls` and
+// `fleetfs inspect`: its newest data object this agent shipped (since it
+// started) and its oldest commit not yet shipped.
+struct TenantReplication {
+  std::string main_path;
+  std::uint64_t shipped_seq = 0;  // 0: nothing shipped by this agent
+  WallMs shipped_ms = 0;          // when it landed; 0 when unknown
+  WallMs pending_since_ms = 0;    // oldest commit not yet shipped; 0: none
+  bool unshippable = false;       // journal mode OFF or MEMORY (see Capture)
+};
+
 class Replicator final : public TenantHooks {
  public:
   static Result<std::unique_ptr<Replicator>> Start(ReplicatorOptions options);
@@ -204,6 +215,11 @@ class Replicator final : public TenantHooks {
   // everything is shipped.
   double LagSeconds(Slot first, Slot last) const;
   ReplicationStats Stats() const;
+  // The tenants this agent shipped for since it started, and the active
+  // ones (written, or with something left to ship); in no order. Its size
+  // follows the tenants written since the start, never every file of the
+  // volume. Reads atomics and takes no lock that I/O holds.
+  std::vector<TenantReplication> TenantStates() const;
   void Stop();
 
   class Impl;

@@ -331,6 +331,14 @@ Status Agent::MountNow() {
   options.clock = &mono_;
   options.status_json = [this] { return DumpJson(StatusJson(Snapshot())) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
+  // The live state of the active tenants only: `fleetfs ls` reads the files
+  // themselves from the backing directory.
+  options.tenants_live = [this] {
+    vfs::FleetFs* fs = fs_for_readers_.load();
+    return TenantsLiveJsonl(
+        fs ? fs->OpenHandlesByTenant() : std::vector<std::pair<std::string, std::size_t>>{},
+        replicator_ ? replicator_->TenantStates() : std::vector<replica::TenantReplication>{});
+  };
   options.hooks = replicator_.get();
   options.on_session_end = [this] {
     session_ended_ = true;

@@ -1,6 +1,8 @@
 #include "agent/report.h"
 
 #include <iomanip>
+#include <map>
+#include <string_view>
 #include <sstream>
 
 #include "lease/lease_ttl.h"
@@ -132,6 +134,31 @@ std::string Seconds(Millis ms) {
 }
 
 }  // namespace
+
+std::string TenantsLiveJsonl(const std::vector<std::pair<std::string, std::size_t>>& open_handles,
+                             const std::vector<replica::TenantReplication>& replication) {
+  struct Live {
+    std::size_t open = 0;
+    const replica::TenantReplication* rep = nullptr;
+  };
+  std::map<std::string_view, Live> by_path;
+  for (const auto& [path, n] : open_handles) by_path[path].open = n;
+  for (const auto& r : replication) by_path[r.main_path].rep = &r;
+  std::string text;
+  for (const auto& [path, live] : by_path) {
+    auto nonzero = [](auto v) { return v != 0 ? Json(v) : Json(nullptr); };
+    const replica::TenantReplication* r = live.rep;
+    Json line = {{"path", path},
+                 {"open_handles", live.open},
+                 {"shipped_seq", r ? nonzero(r->shipped_seq) : Json(nullptr)},
+                 {"shipped_ms", r ? nonzero(r->shipped_ms) : Json(nullptr)},
+                 {"pending_since_ms", r ? nonzero(r->pending_since_ms) : Json(nullptr)},
+                 {"unshippable", r != nullptr && r->unshippable}};
+    text += line.dump(-1, ' ', false, Json::error_handler_t::replace);
+    text += '\n';
+  }
+  return text;
+}
 
 Json StatusJson(const AgentSnapshot& s) {
   Json ranges = Json::array();

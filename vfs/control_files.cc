@@ -5,6 +5,7 @@ namespace {
 
 constexpr std::string_view kStatusName = "status.json";
 constexpr std::string_view kRangesName = "ranges";
+constexpr std::string_view kTenantsLiveName = "tenants-live.jsonl";
 
 }  // namespace
 
@@ -13,6 +14,7 @@ Ino ControlFiles::Lookup(Ino parent, std::string_view name) {
   if (parent != kControlDirIno) return 0;
   if (name == kStatusName) return kStatusIno;
   if (name == kRangesName) return kRangesIno;
+  if (name == kTenantsLiveName) return kTenantsLiveIno;
   return 0;
 }
 
@@ -35,11 +37,14 @@ struct stat ControlFiles::Attr(Ino ino, const struct timespec& mtime) {
 
 std::vector<ControlFiles::Entry> ControlFiles::List() {
   return {{std::string(kStatusName), kStatusIno, S_IFREG},
-          {std::string(kRangesName), kRangesIno, S_IFREG}};
+          {std::string(kRangesName), kRangesIno, S_IFREG},
+          {std::string(kTenantsLiveName), kTenantsLiveIno, S_IFREG}};
 }
 
 std::string ControlFiles::Contents(Ino ino) const {
-  const auto& make = ino == kStatusIno ? status_json_ : ranges_text_;
+  const auto& make = ino == kStatusIno   ? status_json_
+                     : ino == kRangesIno ? ranges_text_
+                                         : tenants_live_;
   return make ? make() : std::string();
 }
 

@@ -114,7 +114,7 @@ class FleetFs::Impl final : public FencedFiles {
  public:
   explicit Impl(MountOptions options)
       : options_(std::move(options)),
-        control_(options_.status_json, options_.ranges_text),
+        control_(options_.status_json, options_.ranges_text, options_.tenants_live),
         backing_(*options_.clock),
         negative_(kMaxNegativeNames,
                   std::chrono::duration_cast<MonoTime::duration>(
@@ -132,6 +132,13 @@ class FleetFs::Impl final : public FencedFiles {
   std::size_t OpenHandles() const {
     std::lock_guard lock(handles_mu_);
     return file_handles_.size();
+  }
+  std::vector<std::pair<std::string, std::size_t>> OpenHandlesByTenant() const {
+    std::lock_guard lock(handles_mu_);
+    std::vector<std::pair<std::string, std::size_t>> out;
+    out.reserve(open_tenants_.size());
+    for (const auto& [path, n] : open_tenants_) out.emplace_back(path, static_cast<std::size_t>(n));
+    return out;
   }
   std::size_t OpenHandlesIn(Slot first, Slot last) override {
     std::lock_guard lock(handles_mu_);
@@ -1385,6 +1392,9 @@ void FleetFs::WaitForFences() { impl_->WaitForFences(); }
 void FleetFs::Unmount() { impl_->Stop(); }
 const VfsStats& FleetFs::stats() const { return impl_->stats(); }
 std::size_t FleetFs::OpenHandles() const { return impl_->OpenHandles(); }
+std::vector<std::pair<std::string, std::size_t>> FleetFs::OpenHandlesByTenant() const {
+  return impl_->OpenHandlesByTenant();
+}
 std::size_t FleetFs::OpenHandlesIn(Slot first, Slot last) const {
   return impl_->OpenHandlesIn(first, last);
 }

@@ -58,6 +58,7 @@ struct MountOptions {
   // on a FUSE thread.
   std::function<std::string()> status_json;
   std::function<std::string()> ranges_text;
+  std::function<std::string()> tenants_live;
   // Called once, from the session's thread, when the session ends without
   // Unmount (someone unmounted it, or the kernel aborted the connection).
   std::function<void()> on_session_end;
@@ -93,6 +94,9 @@ class FleetFs {
   const VfsStats& stats() const;
   std::size_t OpenHandles() const;
   std::size_t OpenHandlesIn(Slot first, Slot last) const;
+  // Open handles per tenant (main path; its sidecars' handles count for it),
+  // in no order: as many entries as tenants with open files.
+  std::vector<std::pair<std::string, std::size_t>> OpenHandlesByTenant() const;
 
   class Impl;
 

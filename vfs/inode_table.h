@@ -44,6 +44,7 @@ inline constexpr Ino kFirstBucketIno = 2;                        // 2..257
 inline constexpr Ino kControlDirIno = kFirstBucketIno + kBucketCount;  // 258
 inline constexpr Ino kStatusIno = kControlDirIno + 1;
 inline constexpr Ino kRangesIno = kControlDirIno + 2;
+inline constexpr Ino kTenantsLiveIno = kControlDirIno + 3;
 inline constexpr Ino kFirstFileIno = 1024;
 
 inline bool IsBucketIno(Ino ino) { return ino >= kFirstBucketIno && ino < kFirstBucketIno + kBucketCount; }

@@ -125,7 +125,8 @@ class VirtualFiles(MountTest):
         a = self.agent("a").start()
         a.wait_states("serving")
         control = os.path.join(a.mount, ".fleetfs")
-        files = [os.path.join(control, "status.json"), os.path.join(control, "ranges")]
+        files = [os.path.join(control, "status.json"), os.path.join(control, "ranges"),
+                 os.path.join(control, "tenants-live.jsonl")]
         dirs = [control, os.path.join(a.mount, "000"), os.path.join(a.mount, "255"), a.mount]
         scratch_dir = os.path.join(self.root, "scratch")
         os.makedirs(scratch_dir, mode=0o777, exist_ok=True)

@@ -378,6 +378,41 @@ Result<std::string> IntegrityCheck(const std::string& file, const std::string& w
 
 }  // namespace
 
+std::string RestoreTimeText(WallMs ms) { return LocalTime(ms); }
+
+Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n) {
+  FLEETFS_ASSIGN_OR_RETURN(const Target t, Open(args));
+  FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs, replica::ListLog(*t.dest, t.dir));
+  ReplicaTail tail;
+  tail.log_dir = t.dir;
+  tail.objects = seqs.size();
+  if (seqs.empty()) return tail;
+  auto header = [&](std::uint64_t seq) {
+    return replica::ReadLogHeader(*t.dest, t.dir, seq, kAnyEpoch);
+  };
+  for (std::uint64_t seq : seqs) {
+    FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seq));
+    if (h.kind == LogKind::kSnapshot) {
+      tail.restorable_from_ms = h.first_ms;
+      break;
+    }
+  }
+  const std::size_t from = seqs.size() > last_n ? seqs.size() - last_n : 0;
+  for (std::size_t i = from; i < seqs.size(); ++i) {
+    FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seqs[i]));
+    tail.tail.push_back({h.seq, std::string(replica::LogKindName(h.kind)), h.epoch, h.first_ms,
+                         h.last_ms, h.ObjectBytes()});
+  }
+  tail.newest_epoch = tail.tail.back().epoch;
+  if (tail.restorable_from_ms) tail.restorable_to_ms = tail.tail.back().last_ms;
+  for (auto it = tail.tail.rbegin(); it != tail.tail.rend(); ++it) {
+    if (it->kind == replica::LogKindName(LogKind::kMarker)) continue;
+    tail.deleted = it->kind == replica::LogKindName(LogKind::kTombstone);
+    break;
+  }
+  return tail;
+}
+
 int RunReplicaLs(const ReplicaArgs& args, std::ostream& out, std::ostream& err) {
   auto t = Open(args);
   if (!t.ok()) return Fail(err, t.status());

@@ -181,6 +181,47 @@ TEST_F(ReplicaCli, ls_prints_every_object_of_the_log_and_what_it_holds_as_a_whol
             "state finds no file");
 }
 
+TEST_F(ReplicaCli, the_tail_gives_the_last_objects_and_the_restore_points) {
+  WriteEveryKind(*log_);
+  ReplicaArgs args;
+  args.tenant = "acme";
+  args.replica = url_;
+  auto tail = ReadReplicaTail(args, 3);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->log_dir, "176/acme.db");
+  EXPECT_EQ(tail->objects, 6u);
+  ASSERT_EQ(tail->tail.size(), 3u);
+  EXPECT_EQ(tail->tail[0].seq, 3u);
+  EXPECT_EQ(tail->tail[0].kind, "marker");
+  EXPECT_EQ(tail->tail[1].kind, "segment");
+  EXPECT_EQ(tail->tail[2].kind, "tombstone");
+  EXPECT_EQ(tail->tail[2].epoch, 2u);
+  EXPECT_EQ(tail->tail[2].bytes, ObjectBytes(5));
+  EXPECT_EQ(tail->newest_epoch, 2u);
+  EXPECT_EQ(tail->restorable_from_ms, kT0 + 100);
+  EXPECT_EQ(tail->restorable_to_ms, kT0 + 600);
+  EXPECT_TRUE(tail->deleted);
+  EXPECT_EQ(RestoreTimeText(kT0 + 100), "2026-01-01T00:00:00.100");
+}
+
+TEST_F(ReplicaCli, a_tail_of_markers_after_a_tombstone_still_says_deleted_and_an_empty_log_says_nothing) {
+  ReplicaArgs args;
+  args.tenant = "acme";
+  args.replica = url_;
+  auto empty = ReadReplicaTail(args, 5);
+  ASSERT_TRUE(empty.ok()) << empty.status().message();
+  EXPECT_EQ(empty->objects, 0u);
+  EXPECT_TRUE(empty->tail.empty());
+  EXPECT_FALSE(empty->restorable_from_ms.has_value());
+  WriteEveryKind(*log_);
+  log_->Take(3, kT0 + 700);
+  auto tail = ReadReplicaTail(args, 2);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->tail.back().kind, "marker");
+  EXPECT_TRUE(tail->deleted);
+  EXPECT_EQ(tail->newest_epoch, 3u);
+}
+
 TEST_F(ReplicaCli, ls_json_gives_each_objects_header_and_the_summary_in_ms) {
   WriteEveryKind(*log_);
   const Ran ran = Ls(true);

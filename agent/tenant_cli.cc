@@ -442,12 +442,11 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
   Json local = {{"file", agent->backing + "/" + file->main_path}, {"exists", facts.has_value()}};
   Json sidecars = Json::object();
   std::optional<std::uint64_t> wal_size;
-  if (dir.valid()) {
-    for (std::string_view suffix : kSidecarSuffixes) {
-      const auto size = SidecarSize(dir.get(), name + std::string(suffix));
-      sidecars[std::string(suffix.substr(1))] = Opt(size);
-      if (suffix == "-wal") wal_size = size;
-    }
+  for (std::string_view suffix : kSidecarSuffixes) {
+    const auto size =
+        dir.valid() ? SidecarSize(dir.get(), name + std::string(suffix)) : std::nullopt;
+    sidecars[std::string(suffix.substr(1))] = Opt(size);
+    if (suffix == "-wal") wal_size = size;
   }
   local["sidecars"] = sidecars;
   if (facts) {

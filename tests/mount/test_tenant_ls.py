@@ -175,6 +175,15 @@ class TenantListing(MountTest):
         self.assertIsNone(doc["local"]["wal"])
         self.assertEqual(doc["open_handles"], 1)
 
+        # Served, but no file yet: said so, exit 0.
+        absent = tenants_in(0, 8191, 1, prefix="absent")[0]
+        run = fleetfs("inspect", absent, a.mount, "--json")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        doc = json.loads(run.stdout)
+        self.assertFalse(doc["local"]["exists"])
+        self.assertEqual(doc["local"]["sidecars"], {"wal": None, "shm": None, "journal": None})
+        self.assertEqual(doc["replica"]["objects"], 0)
+
         # Not served here: exit 6, and who serves it.
         run = fleetfs("inspect", far, a.mount, "--json")
         self.assertEqual(run.returncode, 6, run.stderr)

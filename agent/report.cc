@@ -136,7 +136,8 @@ std::string Seconds(Millis ms) {
 }  // namespace
 
 std::string TenantsLiveJsonl(const std::vector<std::pair<std::string, std::size_t>>& open_handles,
-                             const std::vector<replica::TenantReplication>& replication) {
+                             const std::vector<replica::TenantReplication>& replication,
+                             const std::function<bool(std::string_view)>& served) {
   struct Live {
     std::size_t open = 0;
     const replica::TenantReplication* rep = nullptr;
@@ -146,6 +147,7 @@ std::string TenantsLiveJsonl(const std::vector<std::pair<std::string, std::size_
   for (const auto& r : replication) by_path[r.main_path].rep = &r;
   std::string text;
   for (const auto& [path, live] : by_path) {
+    if (served && !served(path)) continue;
     auto nonzero = [](auto v) { return v != 0 ? Json(v) : Json(nullptr); };
     const replica::TenantReplication* r = live.rep;
     Json line = {{"path", path},

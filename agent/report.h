@@ -9,8 +9,10 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/admin_server.h"
@@ -73,12 +75,13 @@ std::string DumpJson(const nlohmann::json& doc);
 std::string RangesText(const AgentSnapshot& snapshot);
 // MOUNT/.fleetfs/tenants-live.jsonl: one JSON object a line per tenant the
 // agent holds live state for (open handles, or replication's TenantStates),
-// sorted by path:
+// sorted by path, only those `served` (when given) says are served now:
 //   {"path":"BBB/name.db","open_handles":N,"shipped_seq":S|null,
 //    "shipped_ms":MS|null,"pending_since_ms":MS|null,"unshippable":BOOL}
 // Its length follows the active tenants, never the volume's files.
 std::string TenantsLiveJsonl(const std::vector<std::pair<std::string, std::size_t>>& open_handles,
-                             const std::vector<replica::TenantReplication>& replication);
+                             const std::vector<replica::TenantReplication>& replication,
+                             const std::function<bool(std::string_view)>& served = {});
 std::string MetricsText(const AgentSnapshot& snapshot);
 // 200 while every configured range is served or waiting; 503 naming the
 // backing volume when it failed (the agent stood down) or is full, else the

@@ -354,5 +354,15 @@ TEST(TenantsLive, joins_open_handles_and_replication_one_line_per_tenant_sorted)
 
 TEST(TenantsLive, is_empty_with_no_active_tenant) { EXPECT_EQ(TenantsLiveJsonl({}, {}), ""); }
 
+TEST(TenantsLive, names_no_tenant_of_a_range_no_longer_served) {
+  replica::TenantReplication pending;
+  pending.main_path = "001/beta.db";
+  pending.pending_since_ms = 500;
+  const std::string text = TenantsLiveJsonl({{"017/acme.db", 2}}, {pending},
+                                            [](std::string_view path) { return path == "017/acme.db"; });
+  EXPECT_EQ(text.find("beta"), std::string::npos) << text;
+  EXPECT_NE(text.find("acme"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace fleetfs::agent

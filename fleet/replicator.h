@@ -215,11 +215,12 @@ class Replicator final : public TenantHooks {
   // everything is shipped.
   double LagSeconds(Slot first, Slot last) const;
   ReplicationStats Stats() const;
-  // The tenants this agent shipped for since it started, and the active
-  // ones (written, or with something left to ship); in no order. Its size
-  // follows the tenants written since the start, never every file of the
-  // volume. Reads atomics and takes no lock that I/O holds.
-  std::vector<TenantReplication> TenantStates() const;
+  // The active tenants (written, or with something left to ship) and those
+  // of `also` (the agent's tenants with open handles) that replication
+  // knows; sorted by path, one entry each. Its size follows those tenants,
+  // never every tenant shipped since the start: tenants_mu_ is held only to
+  // copy their pointers, as every open takes it too.
+  std::vector<TenantReplication> TenantStates(const std::vector<std::string>& also = {}) const;
   void Stop();
 
   class Impl;

@@ -49,6 +49,7 @@ struct VirtualHandle final : Handle {
   static constexpr HandleKind kKind = HandleKind::kVirtual;
   VirtualHandle() : Handle(kKind) {}
   std::string content;
+  uid_t uid = 0;  // who opened it: counted against their control opens
 };
 
 // An open directory: its listing, made at the first readdir.

@@ -85,7 +85,7 @@ class Replicator::Impl {
   bool Flush(MonoTime deadline);
   double LagSeconds(Slot first, Slot last) const;
   ReplicationStats Stats() const;
-  std::vector<TenantReplication> TenantStates() const;
+  std::vector<TenantReplication> TenantStates(const std::vector<std::string>& also) const;
 
   // Used by Tenant.
   int root() const { return root_.get(); }
@@ -325,6 +325,14 @@ struct KeyLog {
     last_data = ShippedStamp{seq, prev, {}};
     shown_seq = seq;
     shown_ms = now;
+  }
+  // The log's base or history no longer belongs to the file (a delete, a
+  // new capture, a restore): nothing this host shipped describes it now, so
+  // operators are no longer shown it either.
+  void Forget() {
+    last_data.reset();
+    shown_seq = 0;
+    shown_ms = 0;
   }
   WallMs last_snapshot_ms = 0;
   std::uint64_t commits_since_snapshot = 0;

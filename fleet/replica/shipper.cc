@@ -576,7 +576,7 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
   std::lock_guard ship(k.mu);
   if (k.stale_base.exchange(false)) {
     k.base = false;
-    k.last_data.reset();
+    k.Forget();
   }
   const FleetFile& main = t.main();
   std::optional<std::uint64_t> serving;
@@ -601,7 +601,7 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
     Status st = AppendPendingSegment(k, main, nullptr);
     if (st.ok()) st = AppendPendingSnapshot(k, main, nullptr);
     k.base = false;
-    k.last_data.reset();
+    k.Forget();
     if (st.code() == Code::kFailedPrecondition) return false;
     if (!st.ok()) {
       RecordFailure(st.WithContext("shipping what " + main.main_path + " held before its delete"));

@@ -1,4 +1,5 @@
 """Seeing the fleet: `fleetfs ls` and `fleetfs inspect` against a running agent."""
+import errno
 import json
 import os
 import sqlite3
@@ -290,6 +291,69 @@ class TenantListing(MountTest):
         run = subprocess.run(f"{BINARY} ls {a.mount} | wc -l", shell=True, capture_output=True,
                              text=True, timeout=120)
         self.assertEqual(int(run.stdout), count + 1)
+
+    def test_the_live_file_follows_the_active_and_open_tenants_not_every_tenant_shipped(self):
+        # Written through the mount, so the agent ships every one of them and
+        # would name them all if the live file followed what it ever shipped.
+        count, kept_open = 2000, 5
+        os.makedirs(os.path.join(self.root, "replica"))
+        a = self.start(ranges="0-16383")
+        live_path = os.path.join(a.mount, ".fleetfs", "tenants-live.jsonl")
+        keys = [f"act{i}" for i in range(count)]
+        paths = {k: f"{crc16(k.encode()) % 16384 // 64:03d}/{k}.db" for k in keys}
+        for k in keys:
+            db = sqlite3.connect(os.path.join(a.mount, paths[k]), isolation_level=None)
+            db.execute("PRAGMA journal_mode=DELETE")
+            db.execute("CREATE TABLE t(x)")
+            db.close()
+
+        def live_lines():
+            with open(live_path) as f:
+                return [json.loads(line) for line in f]
+        wait_for(lambda: not live_lines(), 120, "the live file empty once all shipped",
+                 poll=0.2, on_fail=lambda: f"{len(live_lines())} lines\n" + a.log_tail())
+
+        held = [open(os.path.join(a.mount, paths[k]), "rb") for k in keys[:kept_open]]
+        for f in held:
+            self.addCleanup(f.close)
+        lines = live_lines()
+        self.assertEqual(sorted(line["path"] for line in lines),
+                         sorted(paths[k] for k in keys[:kept_open]))
+        for line in lines:
+            self.assertEqual(line["open_handles"], 1)
+            self.assertIsNone(line["pending_since_ms"])
+
+        # ls: every tenant, its shipped sequence from the file's stamp, the
+        # open ones with their handle, and no lag anywhere.
+        proc = subprocess.Popen([BINARY, "ls", a.mount, "--json"], stdout=subprocess.PIPE)
+        rows = {}
+        for line in proc.stdout:
+            row = json.loads(line)
+            rows[row["key"]] = row
+        proc.stdout.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(set(rows), set(keys))
+        for k in keys:
+            self.assertEqual(rows[k]["open_handles"], 1 if k in keys[:kept_open] else 0, k)
+            self.assertEqual(rows[k]["lag_s"], 0, k)
+            self.assertGreaterEqual(rows[k]["shipped_seq"] or 0, 1, k)
+        self.assertLess(usage.ru_maxrss * 1024, 64 * MiB, "the CLI held the listing in memory")
+
+        # One user holds at most 64 control files open at once: each keeps its
+        # content, and a loop of opens must not make the agent hold unbounded copies.
+        opened = []
+        try:
+            with self.assertRaises(OSError) as refused:
+                for _ in range(65):
+                    opened.append(open(live_path, "rb"))
+            self.assertEqual(refused.exception.errno, errno.EMFILE)
+            self.assertEqual(len(opened), 64)
+        finally:
+            for f in opened:
+                f.close()
+        with open(live_path) as f:
+            self.assertEqual(len(f.readlines()), kept_open, "closing gave the opens back")
 
 
 if __name__ == "__main__":

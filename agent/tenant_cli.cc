@@ -118,16 +118,34 @@ Result<AgentView> ReadAgent(const std::string& mount) {
   }
 }
 
-// The agent's live state of its active tenants; empty from an agent that
-// has no such file (it is then only what the files say).
-std::unordered_map<std::string, TenantLive> ReadLive(const std::string& mount) {
+// The agent's live state of its active tenants and those with open handles,
+// or nullopt (and why in `why`) when the file cannot be read: lag and open
+// handles are then unknown, never taken as 0. All lines are held at once:
+// the agent writes one per active or open tenant (never one per file of the
+// volume), so this follows what is busy now, not the fleet.
+std::optional<std::unordered_map<std::string, TenantLive>> ReadLive(const std::string& mount,
+                                                                    std::string* why) {
+  const std::string path = mount + "/.fleetfs/tenants-live.jsonl";
+  std::ifstream in(path);
+  if (!in.is_open()) {
+    *why = path + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
   std::unordered_map<std::string, TenantLive> live;
-  std::ifstream in(mount + "/.fleetfs/tenants-live.jsonl");
   std::string line;
   while (std::getline(in, line)) {
     if (auto parsed = ParseTenantLive(line)) live.insert(std::move(*parsed));
   }
+  if (in.bad()) {
+    *why = path + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
   return live;
+}
+
+void WarnLiveUnknown(std::ostream& err, const std::string& why) {
+  err << "fleetfs: warning: cannot read the agent's live state (" << why
+      << "): lag and open handles are shown as unknown ('?' in text, null in JSON)\n";
 }
 
 int Fail(std::ostream& err, const Status& status) {
@@ -235,6 +253,7 @@ std::optional<std::pair<std::string, TenantLive>> ParseTenantLive(std::string_vi
     opt("shipped_seq", live.shipped_seq);
     opt("shipped_ms", live.shipped_ms);
     opt("pending_since_ms", live.pending_since_ms);
+    live.unshippable = j.value("unshippable", false);
     return std::make_pair(j.at("path").get<std::string>(), live);
   } catch (const Json::exception&) {
     return std::nullopt;
@@ -254,8 +273,9 @@ Json TenantLineJson(const TenantLine& t) {
           {"stale", !t.epoch_stamp || *t.epoch_stamp < t.served_epoch},
           {"shipped_seq", Opt(t.shipped_seq)},
           {"shipped_ms", Opt(t.shipped_ms)},
-          {"lag_s", Opt(t.lag_s)},
-          {"open_handles", t.open_handles}};
+          {"lag_s", t.live_unknown ? Json(nullptr) : Opt(t.lag_s)},
+          {"open_handles", t.live_unknown ? Json(nullptr) : Json(t.open_handles)},
+          {"unshippable", t.unshippable}};
 }
 
 std::string HumanBytes(std::uint64_t bytes) {
@@ -282,9 +302,13 @@ std::string TenantTextRow(const TenantLine& t) {
   std::string epoch = t.epoch_stamp ? std::to_string(*t.epoch_stamp) : "-";
   if (!t.epoch_stamp || *t.epoch_stamp < t.served_epoch) epoch += "*";
   return Row({lease::Printable(t.key), std::to_string(t.slot), HumanBytes(t.size + t.wal_size),
-              t.journal_mode, epoch, t.shipped_ms ? LocalTime(*t.shipped_ms) : "-",
+              t.journal_mode, epoch,
+              t.unshippable  ? "not replicated"
+              : t.shipped_ms ? LocalTime(*t.shipped_ms)
+                             : "-",
               t.shipped_seq ? std::to_string(*t.shipped_seq) : "-",
-              t.lag_s ? Lag(*t.lag_s) : "-", std::to_string(t.open_handles)});
+              t.live_unknown ? "?" : t.lag_s ? Lag(*t.lag_s) : "-",
+              t.live_unknown ? "?" : std::to_string(t.open_handles)});
 }
 
 // ── fleetfs ls ─────────────────────────────────────────────────────────────
@@ -292,7 +316,9 @@ std::string TenantTextRow(const TenantLine& t) {
 int RunLs(const std::string& mount, bool json, std::ostream& out, std::ostream& err) {
   auto agent = ReadAgent(mount);
   if (!agent.ok()) return Fail(err, agent.status());
-  const auto live = ReadLive(mount);
+  std::string live_why;
+  const auto live = ReadLive(mount, &live_why);
+  if (!live) WarnLiveUnknown(err, live_why);
   UniqueFd root(::open(agent->backing.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) {
     const int e = errno;
@@ -344,8 +370,13 @@ int RunLs(const std::string& mount, bool json, std::ostream& out, std::ostream& 
       t.journal_mode = std::string(db::JournalMode(facts->header, facts->size, wal.has_value()));
       t.epoch_stamp = facts->epoch_stamp;
       t.served_epoch = agent->ServingRangeOf(file.slot)->epoch;
-      const auto it = live.find(file.main_path);
-      const TenantLive* l = it == live.end() ? nullptr : &it->second;
+      const TenantLive* l = nullptr;
+      if (live) {
+        const auto it = live->find(file.main_path);
+        if (it != live->end()) l = &it->second;
+      }
+      t.live_unknown = !live.has_value();
+      t.unshippable = l && l->unshippable;
       if (agent->replica) {
         if (l && l->shipped_seq) {
           t.shipped_seq = l->shipped_seq;
@@ -484,12 +515,18 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
   doc["local"] = local;
 
   // What the agent holds for it now.
-  const auto live = ReadLive(args.mount);
-  const auto it = live.find(file->main_path);
-  const TenantLive* l = it == live.end() ? nullptr : &it->second;
+  std::string live_why;
+  const auto live = ReadLive(args.mount, &live_why);
+  if (!live) WarnLiveUnknown(err, live_why);
+  const TenantLive* l = nullptr;
+  if (live) {
+    const auto it = live->find(file->main_path);
+    if (it != live->end()) l = &it->second;
+  }
   const WallMs now = SystemWallClock().NowMs();
-  doc["open_handles"] = l ? l->open_handles : 0;
-  doc["lag_s"] = Opt(LagOf(*agent, l, now));
+  doc["open_handles"] = live ? Json(l ? l->open_handles : 0) : Json(nullptr);
+  doc["lag_s"] = live ? Opt(LagOf(*agent, l, now)) : Json(nullptr);
+  doc["unshippable"] = l != nullptr && l->unshippable;
   doc["shipped_seq"] = l ? Opt(l->shipped_seq) : Json(nullptr);
   doc["shipped_ms"] = l ? Opt(l->shipped_ms) : Json(nullptr);
 
@@ -574,7 +611,9 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
                                  std::to_string(wal["checkpoint_seq"].get<std::uint32_t>()) + ")"
                            : "0 (no valid WAL header: the log is empty or restarting)");
   }
-  line("open handles", std::to_string(doc["open_handles"].get<std::size_t>()));
+  line("open handles", doc["open_handles"].is_null()
+                           ? std::string("unknown (the agent's live state cannot be read)")
+                           : std::to_string(doc["open_handles"].get<std::size_t>()));
   if (!agent->replica) {
     line("replication", "off");
     return kExitOk;
@@ -583,7 +622,11 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
                       ? "sequence " + std::to_string(*l->shipped_seq) +
                             (l->shipped_ms ? " at " + LocalTime(*l->shipped_ms) : "")
                       : "nothing since the agent started");
-  line("lag", Lag(doc["lag_s"].get<double>()));
+  if (doc["unshippable"].get<bool>()) {
+    line("replicated", "no: not replicated (journal_mode OFF or MEMORY; nothing ships)");
+  }
+  line("lag", doc["lag_s"].is_null() ? std::string("unknown (the agent's live state cannot be read)")
+                                     : Lag(doc["lag_s"].get<double>()));
   line("replica", *agent->replica);
   if (!replica_error.empty()) {
     line("replica log", "could not be read: " + replica_error);

@@ -49,6 +49,10 @@ struct TenantLine {
   std::optional<WallMs> shipped_ms;
   std::optional<double> lag_s;  // nullopt: replication is off
   std::size_t open_handles = 0;
+  // The agent's live state could not be read: lag and open handles are
+  // unknown ('?' in text, null in JSON), never guessed as 0.
+  bool live_unknown = false;
+  bool unshippable = false;  // journal_mode OFF or MEMORY: nothing ships
 };
 
 // The agent's live state of one tenant: a line of tenants-live.jsonl.
@@ -57,6 +61,7 @@ struct TenantLive {
   std::optional<std::uint64_t> shipped_seq;
   std::optional<WallMs> shipped_ms;
   std::optional<WallMs> pending_since_ms;
+  bool unshippable = false;
 };
 // The path and state of one line; nullopt for a line that is not such an object.
 std::optional<std::pair<std::string, TenantLive>> ParseTenantLive(std::string_view line);

@@ -1,6 +1,13 @@
 #include "agent/tenant_cli.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "fleet/layout.h"
 
 namespace fleetfs::agent {
 namespace {
@@ -100,6 +107,85 @@ TEST(TenantLive, lines_that_are_not_such_objects_are_skipped) {
   EXPECT_FALSE(ParseTenantLive("[1,2]").has_value());
   EXPECT_FALSE(ParseTenantLive(R"({"open_handles":1})").has_value());
   EXPECT_FALSE(ParseTenantLive(R"({"path":"x","open_handles":"many"})").has_value());
+}
+
+TEST(TenantLive, an_unshippable_tenant_is_shown_as_not_replicated) {
+  auto live = ParseTenantLive(
+      R"({"path":"017/acme.db","open_handles":1,"shipped_seq":null,"unshippable":true})");
+  ASSERT_TRUE(live.has_value());
+  EXPECT_TRUE(live->second.unshippable);
+  TenantLine t = Acme();
+  t.unshippable = true;
+  t.shipped_seq.reset();
+  t.shipped_ms.reset();
+  EXPECT_TRUE(TenantLineJson(t)["unshippable"].get<bool>());
+  EXPECT_FALSE(TenantLineJson(Acme())["unshippable"].get<bool>());
+  EXPECT_NE(TenantTextRow(t).find("not replicated"), std::string::npos) << TenantTextRow(t);
+}
+
+// A directory that looks like a mount with replication on and one tenant,
+// but whose agent gives no tenants-live.jsonl.
+class FakeMount : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("fleetfs-tcli-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    mount_ = dir_ / "mnt";
+    backing_ = dir_ / "backing";
+    std::filesystem::create_directories(mount_ / ".fleetfs");
+    path_ = TenantPath("acme");
+    std::filesystem::create_directories((backing_ / path_).parent_path());
+    std::ofstream(backing_ / path_) << "SQLite format 3";
+    std::ofstream(mount_ / ".fleetfs" / "status.json")
+        << R"({"owner":"h1","store":"mem://","backing":")" << backing_.string()
+        << R"(","mode":"tenant","now_ms":1,"ranges":[{"range":"0-16383","serving":true,)"
+        << R"("epoch":3,"lease_left_ms":5000,"state":"serving"}],)"
+        << R"("replication":{"replica":"file:///nowhere"}})";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_, mount_, backing_;
+  std::string path_;
+};
+
+TEST_F(FakeMount, ls_without_the_live_file_says_so_and_shows_lag_and_opens_unknown) {
+  for (bool json : {true, false}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunLs(mount_.string(), json, out, err), 0);
+    EXPECT_NE(err.str().find("tenants-live.jsonl"), std::string::npos) << err.str();
+    EXPECT_EQ(err.str().find("tenants-live.jsonl"), err.str().rfind("tenants-live.jsonl"))
+        << "warned more than once: " << err.str();
+    if (json) {
+      const auto j = nlohmann::json::parse(out.str());
+      EXPECT_TRUE(j["lag_s"].is_null()) << out.str();
+      EXPECT_TRUE(j["open_handles"].is_null()) << out.str();
+    } else {
+      std::istringstream lines(out.str());
+      std::string header, row;
+      std::getline(lines, header);
+      std::getline(lines, row);
+      EXPECT_EQ(row.substr(row.size() - 1), "?") << row;
+      EXPECT_EQ(row.find("0.0s"), std::string::npos) << row;
+    }
+  }
+}
+
+TEST_F(FakeMount, inspect_without_the_live_file_says_so_and_shows_lag_and_opens_unknown) {
+  InspectArgs args;
+  args.mount = mount_.string();
+  args.tenant = "acme";
+  args.json = true;
+  std::ostringstream out, err;
+  RunInspect(args, out, err);
+  EXPECT_NE(err.str().find("tenants-live.jsonl"), std::string::npos) << err.str();
+  const auto j = nlohmann::json::parse(out.str());
+  EXPECT_TRUE(j["lag_s"].is_null()) << out.str();
+  EXPECT_TRUE(j["open_handles"].is_null()) << out.str();
+  args.json = false;
+  std::ostringstream text, err2;
+  RunInspect(args, text, err2);
+  EXPECT_NE(text.str().find("unknown"), std::string::npos) << text.str();
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ std::string Dump(const Json& j, int indent) {
 
 Json Opt(const auto& v) { return v ? Json(*v) : Json(nullptr); }
 
+// WAL frames inspect reads at most (64 MiB of 4 KiB pages): a log of any
+// size costs a bounded read; beyond it the count says "at least".
+constexpr std::uint64_t kMaxWalFramesCounted = 16384;
+
 std::string LocalTime(WallMs ms) { return lease::FormatWallTime(ms, /*local=*/true); }
 
 // ── the running agent, as its control files show it ───────────────────────
@@ -492,23 +496,23 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
     local["shipped_stamp_seq"] =
         facts->shipped_stamp ? Json(facts->shipped_stamp->seq) : Json(nullptr);
   }
-  // The WAL: its header checked as SQLite's recovery does, frames counted by size.
+  // The WAL as SQLite's recovery reads it: only frames of the current header
+  // count (a log reused after a checkpoint keeps old frames past its tail),
+  // at most kMaxWalFramesCounted of them.
   Json wal = nullptr;
   if (wal_size && dir.valid()) {
     wal = {{"size", *wal_size}};
     UniqueFd fd = OpenToRead(dir.get(), name + "-wal");
-    std::uint8_t h[wal::kHeaderSize];
-    const ssize_t n = fd.valid() ? ::pread(fd.get(), h, sizeof h, 0) : -1;
-    const auto header = n == static_cast<ssize_t>(sizeof h) ? wal::ParseHeader(h, sizeof h)
-                                                            : std::nullopt;
-    wal["header_valid"] = header.has_value();
-    if (header) {
-      const std::uint64_t frame = wal::kFrameHeaderSize + header->page_size;
-      wal["page_size"] = header->page_size;
-      wal["checkpoint_seq"] = header->checkpoint_seq;
-      wal["frames"] = *wal_size > wal::kHeaderSize ? (*wal_size - wal::kHeaderSize) / frame : 0;
-    } else {
-      wal["frames"] = 0;
+    const auto counted = fd.valid() ? wal::CountFrames(fd.get(), kMaxWalFramesCounted)
+                                    : Result<wal::FrameCount>(wal::FrameCount{});
+    const wal::FrameCount c = counted.ok() ? *counted : wal::FrameCount{};
+    wal["header_valid"] = c.header_valid;
+    wal["frames"] = c.valid;
+    wal["committed_frames"] = c.committed;
+    wal["frames_capped"] = c.capped;
+    if (c.header_valid) {
+      wal["page_size"] = c.page_size;
+      wal["checkpoint_seq"] = c.checkpoint_seq;
     }
   }
   local["wal"] = wal;
@@ -606,8 +610,10 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
                        size_or(sidecars.value("journal", Json())));
   if (!wal.is_null()) {
     line("wal frames", wal["header_valid"].get<bool>()
-                           ? std::to_string(wal["frames"].get<std::uint64_t>()) +
-                                 " (checkpoint " +
+                           ? std::string(wal["frames_capped"].get<bool>() ? "at least " : "") +
+                                 std::to_string(wal["frames"].get<std::uint64_t>()) + ", " +
+                                 std::to_string(wal["committed_frames"].get<std::uint64_t>()) +
+                                 " committed (checkpoint " +
                                  std::to_string(wal["checkpoint_seq"].get<std::uint32_t>()) + ")"
                            : "0 (no valid WAL header: the log is empty or restarting)");
   }

@@ -35,8 +35,10 @@ std::optional<Header> ParseHeader(const std::uint8_t* bytes, std::size_t n) {
 }
 
 std::uint64_t PageCount(const Header& h, std::uint64_t file_bytes) {
-  if (h.header_pages != 0) return h.header_pages;
-  return h.page_size == 0 ? 0 : file_bytes / h.page_size;
+  const std::uint64_t in_file = h.page_size == 0 ? 0 : file_bytes / h.page_size;
+  // A header is the tenant's bytes: a count the file cannot hold is not believed.
+  if (h.header_pages != 0 && h.header_pages <= in_file) return h.header_pages;
+  return in_file;
 }
 
 std::string_view JournalMode(const std::optional<Header>& h, std::uint64_t file_bytes,

@@ -32,7 +32,8 @@ struct Header {
 std::optional<Header> ParseHeader(const std::uint8_t* bytes, std::size_t n);
 
 // Pages in a main file of `file_bytes` with header `h`: the header's count
-// when valid, else the length divided by the page size.
+// when valid and no more than the file holds, else the length divided by
+// the page size.
 std::uint64_t PageCount(const Header& h, std::uint64_t file_bytes);
 
 // How a main file keeps its transactions, as `fleetfs ls` shows it:

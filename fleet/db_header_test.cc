@@ -104,7 +104,19 @@ TEST(DbHeader, a_stale_in_header_size_is_not_believed) {
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(PageCount(*parsed, 3 * 4096), 3u);
   h[95] = 2;
-  EXPECT_EQ(PageCount(*ParseHeader(h.data(), h.size()), 3 * 4096), 7u);
+  EXPECT_EQ(PageCount(*ParseHeader(h.data(), h.size()), 8 * 4096), 7u);
+}
+
+TEST(DbHeader, an_in_header_size_beyond_the_file_is_not_believed) {
+  std::vector<std::uint8_t> h(100, 0);
+  std::memcpy(h.data(), "SQLite format 3", 16);
+  h[16] = 0x10;  // 4096
+  h[28] = 0xff;  // about 4 billion pages in the header
+  h[27] = 2;
+  h[95] = 2;     // valid for this version
+  auto parsed = ParseHeader(h.data(), h.size());
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(PageCount(*parsed, 3 * 4096), 3u);
 }
 
 }  // namespace

@@ -149,7 +149,8 @@ class TenantListing(MountTest):
         self.assertIsNone(local["sidecars"]["journal"])
         wal = local["wal"]
         self.assertTrue(wal["header_valid"])
-        self.assertEqual(wal["frames"], (wal["size"] - 32) // (24 + 4096))
+        self.assertEqual(wal["committed_frames"], wal["frames"])
+        self.assertFalse(wal["frames_capped"])
         self.assertGreaterEqual(wal["frames"], 6)  # the table and five rows of 3000 bytes
         self.assertGreaterEqual(doc["open_handles"], 2)
         self.assertEqual(doc["lag_s"], 0)
@@ -168,7 +169,18 @@ class TenantListing(MountTest):
         for label in ("served by", "journal mode", "pages", "wal frames", "epoch stamp",
                       "replica log", "restorable"):
             self.assertIn(label, text.stdout)
-        self.assertIn(f"{wal['frames']} (checkpoint", text.stdout)
+        self.assertIn(f"{wal['frames']}, {wal['committed_frames']} committed (checkpoint",
+                      text.stdout)
+
+        # A log reused after a checkpoint keeps its old frames past its tail:
+        # only the new one is counted, however large the file still is.
+        wal_db.execute("PRAGMA wal_checkpoint(RESTART)")
+        wal_db.execute("INSERT INTO t VALUES (1)")
+        doc = json.loads(fleetfs("inspect", walt, a.mount, "--json").stdout)
+        wal = doc["local"]["wal"]
+        self.assertGreaterEqual((wal["size"] - 32) // (24 + 4096), 6, "the file kept old frames")
+        self.assertIn(wal["frames"], (1, 2), "old frames counted")
+        self.assertEqual(wal["committed_frames"], wal["frames"])
 
         # The rollback tenant: no WAL.
         doc = json.loads(fleetfs("inspect", rollt, a.mount, "--json").stdout)

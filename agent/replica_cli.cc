@@ -380,19 +380,24 @@ Result<std::string> IntegrityCheck(const std::string& file, const std::string& w
 
 std::string RestoreTimeText(WallMs ms) { return LocalTime(ms); }
 
-Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n) {
-  FLEETFS_ASSIGN_OR_RETURN(const Target t, Open(args));
-  FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs, replica::ListLog(*t.dest, t.dir));
+Result<ReplicaTail> ReadLogTail(replica::Destination& dest, const std::string& dir,
+                                std::size_t last_n, std::uint64_t max_epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs, replica::ListLog(dest, dir));
   ReplicaTail tail;
-  tail.log_dir = t.dir;
+  tail.log_dir = dir;
   tail.objects = seqs.size();
   if (seqs.empty()) return tail;
+  // Read with any epoch, then judged: an object above the store's counter is
+  // shown, marked refused (a restore refuses it), never taken as the newest.
   auto header = [&](std::uint64_t seq) {
-    return replica::ReadLogHeader(*t.dest, t.dir, seq, kAnyEpoch);
+    return replica::ReadLogHeader(dest, dir, seq, kAnyEpoch);
   };
-  for (std::uint64_t seq : seqs) {
-    FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seq));
-    if (h.kind == LogKind::kSnapshot) {
+  // Retention keeps few objects before the oldest snapshot: a log with none
+  // near its start (never snapshotted, or damaged) costs no more reads.
+  const std::size_t oldest_scanned = std::min(seqs.size(), kTailSnapshotSearch);
+  for (std::size_t i = 0; i < oldest_scanned; ++i) {
+    FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seqs[i]));
+    if (h.kind == LogKind::kSnapshot && h.epoch <= max_epoch) {
       tail.restorable_from_ms = h.first_ms;
       break;
     }
@@ -401,16 +406,25 @@ Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n)
   for (std::size_t i = from; i < seqs.size(); ++i) {
     FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seqs[i]));
     tail.tail.push_back({h.seq, std::string(replica::LogKindName(h.kind)), h.epoch, h.first_ms,
-                         h.last_ms, h.ObjectBytes()});
+                         h.last_ms, h.ObjectBytes(), h.epoch > max_epoch});
   }
-  tail.newest_epoch = tail.tail.back().epoch;
-  if (tail.restorable_from_ms) tail.restorable_to_ms = tail.tail.back().last_ms;
   for (auto it = tail.tail.rbegin(); it != tail.tail.rend(); ++it) {
-    if (it->kind == replica::LogKindName(LogKind::kMarker)) continue;
+    if (it->refused) continue;
+    if (!tail.newest_epoch) tail.newest_epoch = it->epoch;
+    if (tail.restorable_from_ms && !tail.restorable_to_ms) tail.restorable_to_ms = it->last_ms;
+  }
+  for (auto it = tail.tail.rbegin(); it != tail.tail.rend(); ++it) {
+    if (it->refused || it->kind == replica::LogKindName(LogKind::kMarker)) continue;
     tail.deleted = it->kind == replica::LogKindName(LogKind::kTombstone);
     break;
   }
   return tail;
+}
+
+Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n,
+                                    std::uint64_t max_epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(const Target t, Open(args));
+  return ReadLogTail(*t.dest, t.dir, last_n, max_epoch);
 }
 
 int RunReplicaLs(const ReplicaArgs& args, std::ostream& out, std::ostream& err) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fleet/clock.h"
+#include "fleet/replica/destination.h"
 #include "fleet/status.h"
 
 namespace fleetfs::agent {
@@ -36,6 +37,9 @@ struct ReplicaObjectInfo {
   std::uint64_t epoch = 0;
   WallMs first_ms = 0, last_ms = 0;
   std::uint64_t bytes = 0;
+  // Its epoch is above the highest the store ever granted: forged or
+  // corrupt, refused by a restore, and never shown as the newest epoch.
+  bool refused = false;
 };
 
 // The end of a tenant's replica log and its restore points.
@@ -53,10 +57,17 @@ struct ReplicaTail {
 // takes back ("@<ms>" for a time no calendar shows).
 std::string RestoreTimeText(WallMs ms);
 
-// One listing, then the headers of the last `last_n` objects and of those up
-// to the oldest snapshot (retention keeps few before it): never the whole
-// log's headers.
-Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n);
+// Objects from the start of a log searched for its oldest snapshot.
+inline constexpr std::size_t kTailSnapshotSearch = 8;
+
+// One listing, then the headers of the last `last_n` objects and of at most
+// kTailSnapshotSearch from the log's start (for the oldest snapshot):
+// never the whole log's headers. Objects above `max_epoch` (the store's
+// counter) are marked refused, as a restore would refuse them.
+Result<ReplicaTail> ReadLogTail(replica::Destination& dest, const std::string& dir,
+                                std::size_t last_n, std::uint64_t max_epoch);
+Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n,
+                                    std::uint64_t max_epoch);
 
 int RunReplicaLs(const ReplicaArgs& args, std::ostream& out, std::ostream& err);
 int RunRestore(const ReplicaArgs& args, std::ostream& out, std::ostream& err);

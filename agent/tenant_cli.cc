@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
@@ -422,6 +423,17 @@ std::string WhoServes(const AgentView& agent, Slot slot) {
          LocalTime((*store)->ToWallMs(row->lease_expires_ms)) + ")";
 }
 
+// The highest epoch the agent's store ever granted (its counter), as the
+// agent's restore judges a replica's epochs by; nullopt when unreadable.
+std::optional<std::uint64_t> StoreCeiling(const AgentView& agent) {
+  SystemWallClock clock;
+  auto store = lease::OpenStore(agent.store, clock, lease::SqliteStore::Access::kExisting);
+  if (!store.ok()) return std::nullopt;
+  auto table = (*store)->ReadSlots({});
+  if (!table.ok()) return std::nullopt;
+  return table->last_epoch().value();
+}
+
 }  // namespace
 
 int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
@@ -545,7 +557,9 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
     r.endpoint = args.endpoint;
     r.region = args.region;
     r.path_style = args.path_style;
-    auto tail = ReadReplicaTail(r, args.tail);
+    const std::optional<std::uint64_t> ceiling = StoreCeiling(*agent);
+    auto tail = ReadReplicaTail(r, args.tail,
+                                ceiling.value_or(std::numeric_limits<std::uint64_t>::max()));
     if (tail.ok()) {
       Json objects = Json::array();
       for (const ReplicaObjectInfo& o : tail->tail) {
@@ -554,13 +568,15 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
                            {"epoch", o.epoch},
                            {"first_ms", o.first_ms},
                            {"last_ms", o.last_ms},
-                           {"bytes", o.bytes}});
+                           {"bytes", o.bytes},
+                           {"refused", o.refused}});
       }
       replica = {{"url", *agent->replica},
                  {"log", tail->log_dir},
                  {"objects", tail->objects},
                  {"tail", objects},
                  {"newest_epoch", Opt(tail->newest_epoch)},
+                 {"store_epoch_ceiling", Opt(ceiling)},
                  {"deleted", tail->deleted},
                  {"restorable_from_ms", Opt(tail->restorable_from_ms)},
                  {"restorable_to_ms", Opt(tail->restorable_to_ms)}};
@@ -646,10 +662,12 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
     out << "  " << std::left << std::setw(8) << o["seq"].get<std::uint64_t>() << std::setw(10)
         << o["kind"].get<std::string>() << "epoch " << std::setw(6)
         << o["epoch"].get<std::uint64_t>() << RestoreTimeText(o["last_ms"].get<WallMs>())
+        << (o["refused"].get<bool>() ? "   REFUSED: its epoch is above the store's counter"
+                                     : "")
         << '\n';
   }
   if (replica["restorable_from_ms"].is_null()) {
-    line("restorable", "nothing (the log holds no snapshot)");
+    line("restorable", "nothing (no snapshot among the log's first objects)");
   } else {
     line("restorable", "from " + RestoreTimeText(replica["restorable_from_ms"].get<WallMs>()) +
                            " to " + RestoreTimeText(replica["restorable_to_ms"].get<WallMs>()) +

@@ -540,6 +540,7 @@ AgentSnapshot Agent::Snapshot() const {
   }
   if (replicator_) {
     s.replica = config_.replica;
+    s.replica_s3 = config_.replica_s3;
     s.replication = replicator_->Stats();
     s.replica_requests = destination_->counts();
     for (RangeSnapshot& r : s.ranges) {

@@ -219,7 +219,11 @@ Json StatusJson(const AgentSnapshot& s) {
   };
   if (s.replication) {
     const replica::ReplicationStats& r = *s.replication;
-    Json rep = {{"replica", s.replica}};
+    Json rep = {{"replica", s.replica},
+                {"replica_endpoint", s.replica_s3.endpoint},
+                {"replica_region", s.replica_s3.region},
+                {"replica_path_style", s.replica_s3.path_style ? Json(*s.replica_s3.path_style)
+                                                               : Json(nullptr)}};
     for (const ReplicationCounter& c : kReplicationCounters) rep[std::string(c.json)] = r.*c.value;
     rep["tenants"] = r.tenants;
     rep["tenants_active"] = r.active_tenants;

@@ -59,6 +59,9 @@ struct AgentSnapshot {
   std::uint64_t refreshes = 0;
   std::optional<VfsSnapshot> vfs;  // nullopt before the mount
   std::string replica;             // destination URL; empty when replication is off
+  // Where an s3:// replica's requests go (never credentials): for `fleetfs
+  // inspect`, which reads the replica as the agent does.
+  replica::S3Settings replica_s3;
   std::optional<replica::ReplicationStats> replication;
   replica::RequestCounts replica_requests;  // to the destination, since start; with replication
   BackingReport backing_volume;    // whether the backing volume takes writes

@@ -187,6 +187,21 @@ TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
   }
 }
 
+TEST(Report, the_replicas_endpoint_region_and_path_style_are_in_status_for_inspect) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replica = "s3://bucket/prefix";
+  s.replica_s3 = replica::S3Settings{"http://minio.local:9000", "eu-west-1", true};
+  s.replication = replica::ReplicationStats{};
+  nlohmann::json rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["replica_endpoint"], "http://minio.local:9000");
+  EXPECT_EQ(rep["replica_region"], "eu-west-1");
+  EXPECT_EQ(rep["replica_path_style"], true);
+  s.replica_s3 = replica::S3Settings{};
+  rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["replica_endpoint"], "");
+  EXPECT_TRUE(rep["replica_path_style"].is_null());
+}
+
 TEST(Report, requests_to_the_destination_are_counted_by_kind_in_status_and_metrics) {
   auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
   s.replica = "file:///r";

@@ -63,6 +63,9 @@ struct AgentView {
   FleetMode mode = FleetMode::kTenant;
   std::vector<ServedRange> ranges;
   std::optional<std::string> replica;  // nullopt: replication off
+  // An s3:// replica's endpoint, region and path style ("true", "false"),
+  // as the agent uses them; "" when unset.
+  std::string replica_endpoint, replica_region, replica_path_style;
   WallMs now_ms = 0;
 
   const ServedRange* RangeOf(Slot slot) const {
@@ -115,7 +118,13 @@ Result<AgentView> ReadAgent(const std::string& mount) {
     }
     // An object with the replica when replication is on; else a sentence.
     if (doc.contains("replication") && doc["replication"].is_object()) {
-      v.replica = doc["replication"].at("replica").get<std::string>();
+      const Json& rep = doc["replication"];
+      v.replica = rep.at("replica").get<std::string>();
+      v.replica_endpoint = rep.value("replica_endpoint", std::string());
+      v.replica_region = rep.value("replica_region", std::string());
+      if (rep.contains("replica_path_style") && rep["replica_path_style"].is_boolean()) {
+        v.replica_path_style = rep["replica_path_style"].get<bool>() ? "true" : "false";
+      }
     }
     return v;
   } catch (const Json::exception& e) {
@@ -554,9 +563,10 @@ int RunInspect(const InspectArgs& args, std::ostream& out, std::ostream& err) {
     r.tenant = args.tenant;
     r.replica = *agent->replica;
     r.mode = std::string(ModeName(agent->mode));
-    r.endpoint = args.endpoint;
-    r.region = args.region;
-    r.path_style = args.path_style;
+    // The agent's settings unless the command line gives others.
+    r.endpoint = args.endpoint.empty() ? agent->replica_endpoint : args.endpoint;
+    r.region = args.region.empty() ? agent->replica_region : args.region;
+    r.path_style = args.path_style.empty() ? agent->replica_path_style : args.path_style;
     const std::optional<std::uint64_t> ceiling = StoreCeiling(*agent);
     auto tail = ReadReplicaTail(r, args.tail,
                                 ceiling.value_or(std::numeric_limits<std::uint64_t>::max()));

@@ -188,5 +188,26 @@ TEST_F(FakeMount, inspect_without_the_live_file_says_so_and_shows_lag_and_opens_
   EXPECT_NE(text.str().find("unknown"), std::string::npos) << text.str();
 }
 
+TEST_F(FakeMount, inspect_reaches_an_s3_replica_with_the_agents_endpoint_settings) {
+  std::ofstream(mount_ / ".fleetfs" / "status.json", std::ios::trunc)
+      << R"({"owner":"h1","store":"mem://","backing":")" << backing_.string()
+      << R"(","mode":"tenant","now_ms":1,"ranges":[{"range":"0-16383","serving":true,)"
+      << R"("epoch":3,"lease_left_ms":5000,"state":"serving"}],)"
+      << R"("replication":{"replica":"s3://bucket/prefix","replica_endpoint":"ftp://agents.example",)"
+      << R"("replica_region":"eu-west-1","replica_path_style":true}})";
+  InspectArgs args;
+  args.mount = mount_.string();
+  args.tenant = "acme";
+  args.json = true;
+  std::ostringstream out, err;
+  RunInspect(args, out, err);
+  const auto j = nlohmann::json::parse(out.str());
+  // The agent's endpoint is used (and refused here for its scheme, before any request).
+  ASSERT_TRUE(j["replica"].contains("error")) << out.str();
+  EXPECT_NE(j["replica"]["error"].get<std::string>().find("ftp://agents.example"),
+            std::string::npos)
+      << out.str();
+}
+
 }  // namespace
 }  // namespace fleetfs::agent

@@ -28,6 +28,7 @@
 #include "agent/systemd_notify.h"
 #include "agent/volume_lock.h"
 #include "fleet/clock.h"
+#include "fleet/layout.h"
 #include "fleet/replica/counting_destination.h"
 #include "fleet/replica/destination.h"
 #include "fleet/replicator.h"
@@ -612,6 +613,30 @@ Status Agent::MountNow() {
   options.clock = &mono_;
   options.status_json = [this] { return DumpJson(StatusJson(Snapshot())) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
+  // The live state of the active tenants only: `fleetfs ls` reads the files
+  // themselves from the backing directory.
+  // Its work follows the active tenants and those with open handles, and
+  // it names none of a range no longer served.
+  options.tenants_live = [this] {
+    vfs::FleetFs* fs = fs_for_readers_.load();
+    auto open = fs ? fs->OpenHandlesByTenant() : std::vector<std::pair<std::string, std::size_t>>{};
+    std::vector<std::string> also;
+    also.reserve(open.size());
+    for (const auto& [path, n] : open) also.push_back(path);
+    auto replication = replicator_ ? replicator_->TenantStates(also)
+                                   : std::vector<replica::TenantReplication>{};
+    std::shared_ptr<const vfs::ServingView> view;
+    {
+      std::lock_guard lock(published_mu_);
+      view = published_;
+    }
+    const MonoTime now = mono_.Now();
+    const FleetMode mode = config_.mode;
+    return TenantsLiveJsonl(open, replication, [&](std::string_view path) {
+      const auto file = ParseFleetPath(mode, path);
+      return view && file && view->Find(file->slot, now) != nullptr;
+    });
+  };
   options.hooks = replicator_.get();
   options.control = [this](std::string_view text) { return Control(text); };
   options.on_session_end = [this] {
@@ -804,6 +829,7 @@ AgentSnapshot Agent::Snapshot() const {
   }
   if (replicator_) {
     s.replica = config_.replica;
+    s.replica_s3 = config_.replica_s3;
     s.replication = replicator_->Stats();
     s.replica_requests = destination_->counts();
     s.replica_request_time = destination_->latencies();

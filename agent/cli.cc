@@ -19,6 +19,7 @@
 #include "agent/config.h"
 #include "agent/handoff_cli.h"
 #include "agent/replica_cli.h"
+#include "agent/tenant_cli.h"
 #include "fleet/layout.h"
 #include "fleet/slot.h"
 #include "lease/lease_ttl.h"
@@ -449,12 +450,14 @@ EXIT STATUS
      not all shipped, or the store did not confirm in time): another host
      waits up to a ttl before it can claim them; the message says why
   6  where: a key's slot is served by nobody now (not claimed, or the lease
-     lapsed)
+     lapsed); inspect: the tenant's slot is not served by this agent now
   7  handoff, drain: the target did not claim within --timeout
 
 EXAMPLES
   fleetfs mount --backing /var/lib/fleetfs/volume --mount /mnt/fleet --ranges 0-8191
   fleetfs status /mnt/fleet
+  fleetfs ls /mnt/fleet
+  fleetfs inspect acme /mnt/fleet
   fleetfs slot acme
   fleetfs where acme --store sqlite:///var/lib/fleetfs/control.db
   fleetfs restore acme --replica file:///var/lib/fleetfs/replica -o /tmp/acme.db
@@ -865,6 +868,68 @@ EXAMPLES
   fleetfs status /mnt/fleet --json
 )";
 
+constexpr const char* kLsFooter = R"(
+Lists the tenants of the ranges this agent serves now, one line each, as it
+goes: a million tenants list in a bounded amount of memory, on either side.
+The agent keeps live state only for its active tenants
+(MOUNT/.fleetfs/tenants-live.jsonl: open handles, shipping); the files
+themselves are read from the agent's backing directory, bucket by bucket, so
+run it as root or as the agent's user. Tenants are sorted within a bucket,
+buckets in order. Symlinks, FIFOs, devices and names that are no tenant of
+their bucket are left out.
+
+COLUMNS (text)
+  KEY      the tenant id (slot mode: slot-SSSSS)
+  SLOT     its routing slot
+  SIZE     the main file and its -wal, in bytes (K, M, G: powers of 1024)
+  JOURNAL  wal, rollback, empty (0 bytes), or not-sqlite (no SQLite header)
+  EPOCH    the file's epoch stamp; '*' when it is below the served epoch (the
+           file is checked against the replica at its next open)
+  SHIPPED  when this agent last shipped it (local time; '-' when it shipped
+           nothing since the agent started, or replication is off)
+  SEQ      the replica log sequence of that object (or of the file's shipped
+           stamp, from before the agent started)
+  LAG      age of its oldest commit not yet shipped ('-': replication off)
+  OPEN     handles open on it and its sidecars through the mount
+
+JSON LINES (--json)
+  One object a line, no header: key, path, slot, size, wal_size,
+  journal_mode, epoch_stamp (null: none), served_epoch, stale,
+  shipped_seq, shipped_ms (ms since the Unix epoch; null: unknown), lag_s
+  (null: replication off), open_handles.
+
+EXAMPLES
+  fleetfs ls
+  fleetfs ls /mnt/fleet --json | jq -r 'select(.lag_s > 5) | .key'
+  fleetfs ls --json | wc -l
+)";
+
+constexpr const char* kInspectFooter = R"(
+Shows one tenant in depth, from the agent serving MOUNT: who serves it (owner,
+range, epoch, lease left); the local file and its -wal, -shm and -journal
+sidecars with their sizes; the page size and page count from the database
+header; the WAL's frames (its header checked as SQLite's recovery checks it,
+frames counted from its size); the epoch and key stamps; open handles; what
+was shipped last and the lag; and, with replication, the last objects of the
+replica log (sequence, kind, epoch, time) and the restore points (the oldest
+and newest time 'fleetfs restore --at' can reach). Reads the backing
+directory: run it as root or as the agent's user.
+
+EXIT STATUS
+  0  the tenant is served here (its file may still be absent)
+  1  MOUNT is not a running fleetfs mount, or the backing directory cannot
+     be read
+  2  bad input: not a tenant id
+  6  the tenant's slot is not served by this agent now; the message (or
+     served_here false, why and served_by in --json) says who serves it,
+     read from the agent's ownership store
+
+EXAMPLES
+  fleetfs inspect acme
+  fleetfs inspect acme /mnt/fleet --json
+  fleetfs inspect acme --replica-endpoint http://127.0.0.1:9000
+)";
+
 }  // namespace
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -1057,6 +1122,28 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   drain->add_option("--mount", drain_mount, "The agent's mount point")->default_str(kDefaultMount);
   drain->add_option("--timeout", drain_timeout_s, "Seconds to wait (default 60)");
 
+  std::string ls_mount = kDefaultMount;
+  bool ls_json = false;
+  auto* tenants_ls = app.add_subcommand(
+      "ls", "List the served tenants: slot, size, journal mode, stamp, shipped, lag, open handles");
+  tenants_ls->footer(kLsFooter);
+  tenants_ls->add_option("MOUNT", ls_mount, "The agent's mount point")->default_str(kDefaultMount);
+  tenants_ls->add_flag("--json", ls_json, "Print JSON Lines, one object per tenant");
+
+  InspectArgs inspect_args;
+  inspect_args.mount = kDefaultMount;
+  auto* inspect = app.add_subcommand(
+      "inspect", "Show one tenant in depth: files, header, WAL, stamps, replica log, who serves it");
+  inspect->footer(kInspectFooter);
+  inspect->add_option("TENANT", inspect_args.tenant, "Tenant id (or routing key in slot mode)")
+      ->required();
+  inspect->add_option("MOUNT", inspect_args.mount, "The agent's mount point")
+      ->default_str(kDefaultMount);
+  inspect->add_flag("--json", inspect_args.json, "Print one JSON document");
+  inspect->add_option("--replica-endpoint", inspect_args.endpoint, kReplicaEndpointHelp);
+  inspect->add_option("--replica-region", inspect_args.region, kReplicaRegionHelp);
+  inspect->add_option("--replica-path-style", inspect_args.path_style, kReplicaPathStyleHelp);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -1133,6 +1220,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     if (!(drain_timeout_s > 0)) return Fail(err, InvalidArgument("--timeout must be above 0"));
     return RunDrain(drain_to, drain_undo, drain_mount, seconds(drain_timeout_s), out, err);
   }
+  if (tenants_ls->parsed()) return RunLs(ls_mount, ls_json, out, err);
+  if (inspect->parsed()) return RunInspect(inspect_args, out, err);
   if (replica_ls->parsed()) return RunReplicaLs(rargs, out, err);
   if (replica_verify->parsed()) return RunReplicaVerify(rargs, out, err);
   if (restore_cmd->parsed()) return RunRestore(rargs, out, err);

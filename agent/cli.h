@@ -6,7 +6,7 @@
 // is held by another owner; 4 the range was lost (not this owner's at this
 // epoch); 5 (mount) stopped, but held ranges lapse instead of being released
 // (kExitLapsed, agent/lifecycle.h); 6 (where) a key's slot is served by
-// nobody now.
+// nobody now; (inspect) the tenant is not served by this agent now.
 //
 // Thread-safety: runs on the calling thread.
 #pragma once

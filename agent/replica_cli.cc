@@ -378,6 +378,55 @@ Result<std::string> IntegrityCheck(const std::string& file, const std::string& w
 
 }  // namespace
 
+std::string RestoreTimeText(WallMs ms) { return LocalTime(ms); }
+
+Result<ReplicaTail> ReadLogTail(replica::Destination& dest, const std::string& dir,
+                                std::size_t last_n, std::uint64_t max_epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(const std::vector<std::uint64_t> seqs, replica::ListLog(dest, dir));
+  ReplicaTail tail;
+  tail.log_dir = dir;
+  tail.objects = seqs.size();
+  if (seqs.empty()) return tail;
+  // Read with any epoch, then judged: an object above the store's counter is
+  // shown, marked refused (a restore refuses it), never taken as the newest.
+  auto header = [&](std::uint64_t seq) {
+    return replica::ReadLogHeader(dest, dir, seq, kAnyEpoch);
+  };
+  // Retention keeps few objects before the oldest snapshot: a log with none
+  // near its start (never snapshotted, or damaged) costs no more reads.
+  const std::size_t oldest_scanned = std::min(seqs.size(), kTailSnapshotSearch);
+  for (std::size_t i = 0; i < oldest_scanned; ++i) {
+    FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seqs[i]));
+    if (h.kind == LogKind::kSnapshot && h.epoch <= max_epoch) {
+      tail.restorable_from_ms = h.first_ms;
+      break;
+    }
+  }
+  const std::size_t from = seqs.size() > last_n ? seqs.size() - last_n : 0;
+  for (std::size_t i = from; i < seqs.size(); ++i) {
+    FLEETFS_ASSIGN_OR_RETURN(const LogHeader h, header(seqs[i]));
+    tail.tail.push_back({h.seq, std::string(replica::LogKindName(h.kind)), h.epoch, h.first_ms,
+                         h.last_ms, h.ObjectBytes(), h.epoch > max_epoch});
+  }
+  for (auto it = tail.tail.rbegin(); it != tail.tail.rend(); ++it) {
+    if (it->refused) continue;
+    if (!tail.newest_epoch) tail.newest_epoch = it->epoch;
+    if (tail.restorable_from_ms && !tail.restorable_to_ms) tail.restorable_to_ms = it->last_ms;
+  }
+  for (auto it = tail.tail.rbegin(); it != tail.tail.rend(); ++it) {
+    if (it->refused || it->kind == replica::LogKindName(LogKind::kMarker)) continue;
+    tail.deleted = it->kind == replica::LogKindName(LogKind::kTombstone);
+    break;
+  }
+  return tail;
+}
+
+Result<ReplicaTail> ReadReplicaTail(const ReplicaArgs& args, std::size_t last_n,
+                                    std::uint64_t max_epoch) {
+  FLEETFS_ASSIGN_OR_RETURN(const Target t, Open(args));
+  return ReadLogTail(*t.dest, t.dir, last_n, max_epoch);
+}
+
 int RunReplicaLs(const ReplicaArgs& args, std::ostream& out, std::ostream& err) {
   auto t = Open(args);
   if (!t.ok()) return Fail(err, t.status());

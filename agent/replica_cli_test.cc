@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "fleet/replica/counting_destination.h"
 #include "fleet/replica/log_names.h"
 #include "fleet/replica/log_reader.h"
 #include "fleet/replica/log_test_support.h"
@@ -25,6 +27,7 @@ namespace {
 
 using lease::testing::TempDir;
 using replica::testing::kLogDir;
+constexpr std::uint64_t kAny = std::numeric_limits<std::uint64_t>::max();
 using replica::testing::kLogPage;
 using replica::testing::LogBuilder;
 using Json = nlohmann::json;
@@ -179,6 +182,81 @@ TEST_F(ReplicaCli, ls_prints_every_object_of_the_log_and_what_it_holds_as_a_whol
   EXPECT_EQ(l[11],
             "deleted       yes, at 2026-01-01T00:00:00.600 (tombstone 5); a restore of the newest "
             "state finds no file");
+}
+
+TEST_F(ReplicaCli, the_tail_gives_the_last_objects_and_the_restore_points) {
+  WriteEveryKind(*log_);
+  ReplicaArgs args;
+  args.tenant = "acme";
+  args.replica = url_;
+  auto tail = ReadReplicaTail(args, 3, kAny);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->log_dir, "176/acme.db");
+  EXPECT_EQ(tail->objects, 6u);
+  ASSERT_EQ(tail->tail.size(), 3u);
+  EXPECT_EQ(tail->tail[0].seq, 3u);
+  EXPECT_EQ(tail->tail[0].kind, "marker");
+  EXPECT_EQ(tail->tail[1].kind, "segment");
+  EXPECT_EQ(tail->tail[2].kind, "tombstone");
+  EXPECT_EQ(tail->tail[2].epoch, 2u);
+  EXPECT_EQ(tail->tail[2].bytes, ObjectBytes(5));
+  EXPECT_EQ(tail->newest_epoch, 2u);
+  EXPECT_EQ(tail->restorable_from_ms, kT0 + 100);
+  EXPECT_EQ(tail->restorable_to_ms, kT0 + 600);
+  EXPECT_TRUE(tail->deleted);
+  EXPECT_EQ(RestoreTimeText(kT0 + 100), "2026-01-01T00:00:00.100");
+}
+
+TEST_F(ReplicaCli, a_tail_of_markers_after_a_tombstone_still_says_deleted_and_an_empty_log_says_nothing) {
+  ReplicaArgs args;
+  args.tenant = "acme";
+  args.replica = url_;
+  auto empty = ReadReplicaTail(args, 5, kAny);
+  ASSERT_TRUE(empty.ok()) << empty.status().message();
+  EXPECT_EQ(empty->objects, 0u);
+  EXPECT_TRUE(empty->tail.empty());
+  EXPECT_FALSE(empty->restorable_from_ms.has_value());
+  WriteEveryKind(*log_);
+  log_->Take(3, kT0 + 700);
+  auto tail = ReadReplicaTail(args, 2, kAny);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->tail.back().kind, "marker");
+  EXPECT_TRUE(tail->deleted);
+  EXPECT_EQ(tail->newest_epoch, 3u);
+}
+
+TEST_F(ReplicaCli, an_object_above_the_stores_counter_is_refused_not_the_newest_epoch) {
+  WriteEveryKind(*log_);
+  {
+    // Forged: written by anyone who can write the destination.
+    replica::LogWriter forger(*dest_, kLogDir);
+    auto took = forger.Takeover(std::uint64_t{1} << 62, kAny);
+    ASSERT_TRUE(took.ok() && took->kind == replica::TakeoverKind::kReady);
+    auto marked = forger.WriteMarker(kT0 + 700, kAny);
+    ASSERT_TRUE(marked.ok() && marked->kind == replica::LogWriteKind::kAppended);
+  }
+  auto tail = ReadLogTail(*dest_, kLogDir, 3, 5);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  ASSERT_EQ(tail->tail.size(), 3u);
+  EXPECT_TRUE(tail->tail.back().refused);
+  EXPECT_EQ(tail->tail.back().epoch, std::uint64_t{1} << 62);
+  EXPECT_FALSE(tail->tail.front().refused);
+  EXPECT_EQ(tail->newest_epoch, 2u);
+  EXPECT_EQ(tail->restorable_to_ms, kT0 + 600);
+  EXPECT_TRUE(tail->deleted);
+}
+
+TEST_F(ReplicaCli, the_tail_of_a_log_without_a_snapshot_reads_a_bounded_number_of_headers) {
+  log_->Take(1, kT0);
+  for (int i = 1; i < 40; ++i) log_->Segment({{kT0 + i, 'x'}});
+  replica::CountingDestination counted(dest_);
+  auto tail = ReadLogTail(counted, kLogDir, 3, kAny);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->objects, 40u);
+  EXPECT_FALSE(tail->restorable_from_ms.has_value());
+  EXPECT_EQ(tail->newest_epoch, 1u);
+  const auto n = counted.counts();
+  EXPECT_LE(n.gets + n.heads, 3 + kTailSnapshotSearch) << "headers read: " << n.gets + n.heads;
 }
 
 TEST_F(ReplicaCli, ls_json_gives_each_objects_header_and_the_summary_in_ms) {

@@ -1,6 +1,8 @@
 #include "agent/report.h"
 
 #include <iomanip>
+#include <map>
+#include <string_view>
 #include <sstream>
 
 #include "agent/build_info.h"
@@ -136,6 +138,33 @@ std::string Seconds(Millis ms) {
 
 }  // namespace
 
+std::string TenantsLiveJsonl(const std::vector<std::pair<std::string, std::size_t>>& open_handles,
+                             const std::vector<replica::TenantReplication>& replication,
+                             const std::function<bool(std::string_view)>& served) {
+  struct Live {
+    std::size_t open = 0;
+    const replica::TenantReplication* rep = nullptr;
+  };
+  std::map<std::string_view, Live> by_path;
+  for (const auto& [path, n] : open_handles) by_path[path].open = n;
+  for (const auto& r : replication) by_path[r.main_path].rep = &r;
+  std::string text;
+  for (const auto& [path, live] : by_path) {
+    if (served && !served(path)) continue;
+    auto nonzero = [](auto v) { return v != 0 ? Json(v) : Json(nullptr); };
+    const replica::TenantReplication* r = live.rep;
+    Json line = {{"path", path},
+                 {"open_handles", live.open},
+                 {"shipped_seq", r ? nonzero(r->shipped_seq) : Json(nullptr)},
+                 {"shipped_ms", r ? nonzero(r->shipped_ms) : Json(nullptr)},
+                 {"pending_since_ms", r ? nonzero(r->pending_since_ms) : Json(nullptr)},
+                 {"unshippable", r != nullptr && r->unshippable}};
+    text += line.dump(-1, ' ', false, Json::error_handler_t::replace);
+    text += '\n';
+  }
+  return text;
+}
+
 Json StatusJson(const AgentSnapshot& s) {
   Json ranges = Json::array();
   for (const RangeSnapshot& r : s.ranges) {
@@ -201,7 +230,11 @@ Json StatusJson(const AgentSnapshot& s) {
   };
   if (s.replication) {
     const replica::ReplicationStats& r = *s.replication;
-    Json rep = {{"replica", s.replica}};
+    Json rep = {{"replica", s.replica},
+                {"replica_endpoint", s.replica_s3.endpoint},
+                {"replica_region", s.replica_s3.region},
+                {"replica_path_style", s.replica_s3.path_style ? Json(*s.replica_s3.path_style)
+                                                               : Json(nullptr)}};
     for (const ReplicationCounter& c : kReplicationCounters) rep[std::string(c.json)] = r.*c.value;
     rep["tenants"] = r.tenants;
     rep["tenants_active"] = r.active_tenants;

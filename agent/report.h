@@ -9,8 +9,10 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/handoff.h"
@@ -61,6 +63,9 @@ struct AgentSnapshot {
   std::uint64_t refreshes = 0;
   std::optional<VfsSnapshot> vfs;  // nullopt before the mount
   std::string replica;             // destination URL; empty when replication is off
+  // Where an s3:// replica's requests go (never credentials): for `fleetfs
+  // inspect`, which reads the replica as the agent does.
+  replica::S3Settings replica_s3;
   std::optional<replica::ReplicationStats> replication;
   replica::RequestCounts replica_requests;  // to the destination, since start; with replication
   // How long the destination's requests took, by kind (replica::Request).
@@ -80,6 +85,15 @@ nlohmann::json StatusJson(const AgentSnapshot& snapshot);
 // from the file system, a message quoting one) become U+FFFD.
 std::string DumpJson(const nlohmann::json& doc);
 std::string RangesText(const AgentSnapshot& snapshot);
+// MOUNT/.fleetfs/tenants-live.jsonl: one JSON object a line per tenant the
+// agent holds live state for (open handles, or replication's TenantStates),
+// sorted by path, only those `served` (when given) says are served now:
+//   {"path":"BBB/name.db","open_handles":N,"shipped_seq":S|null,
+//    "shipped_ms":MS|null,"pending_since_ms":MS|null,"unshippable":BOOL}
+// Its length follows the active tenants, never the volume's files.
+std::string TenantsLiveJsonl(const std::vector<std::pair<std::string, std::size_t>>& open_handles,
+                             const std::vector<replica::TenantReplication>& replication,
+                             const std::function<bool(std::string_view)>& served = {});
 std::string MetricsText(const AgentSnapshot& snapshot);
 // 200 while every configured range is served or waiting; 503 naming the
 // backing volume when it failed (the agent stood down) or is full, else the

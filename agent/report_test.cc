@@ -1,5 +1,7 @@
 #include "agent/report.h"
 
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -252,6 +254,21 @@ TEST(Report, capture_failures_and_absent_listed_appear_in_status_and_metrics) {
   }
 }
 
+TEST(Report, the_replicas_endpoint_region_and_path_style_are_in_status_for_inspect) {
+  auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
+  s.replica = "s3://bucket/prefix";
+  s.replica_s3 = replica::S3Settings{"http://minio.local:9000", "eu-west-1", true};
+  s.replication = replica::ReplicationStats{};
+  nlohmann::json rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["replica_endpoint"], "http://minio.local:9000");
+  EXPECT_EQ(rep["replica_region"], "eu-west-1");
+  EXPECT_EQ(rep["replica_path_style"], true);
+  s.replica_s3 = replica::S3Settings{};
+  rep = StatusJson(s)["replication"];
+  EXPECT_EQ(rep["replica_endpoint"], "");
+  EXPECT_TRUE(rep["replica_path_style"].is_null());
+}
+
 TEST(Report, requests_to_the_destination_are_counted_by_kind_in_status_and_metrics) {
   auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 3)});
   s.replica = "file:///r";
@@ -388,6 +405,45 @@ TEST(StatusJson, bytes_that_are_not_utf8_anywhere_never_make_a_serializer_throw)
   EXPECT_NO_THROW(MetricsText(s));
   EXPECT_NO_THROW(RangesText(s));
   EXPECT_NO_THROW(Health(s));
+}
+
+TEST(TenantsLive, joins_open_handles_and_replication_one_line_per_tenant_sorted) {
+  replica::TenantReplication shipped;
+  shipped.main_path = "017/acme.db";
+  shipped.shipped_seq = 9;
+  shipped.shipped_ms = 1000;
+  replica::TenantReplication pending;
+  pending.main_path = "001/beta.db";
+  pending.pending_since_ms = 500;
+  const std::string text =
+      TenantsLiveJsonl({{"017/acme.db", 2}, {"200/zed.db", 1}}, {shipped, pending});
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["path"], "001/beta.db");
+  EXPECT_EQ(lines[0]["open_handles"], 0);
+  EXPECT_EQ(lines[0]["pending_since_ms"], 500);
+  EXPECT_TRUE(lines[0]["shipped_seq"].is_null());
+  EXPECT_EQ(lines[1]["path"], "017/acme.db");
+  EXPECT_EQ(lines[1]["open_handles"], 2);
+  EXPECT_EQ(lines[1]["shipped_seq"], 9);
+  EXPECT_EQ(lines[1]["shipped_ms"], 1000);
+  EXPECT_TRUE(lines[1]["pending_since_ms"].is_null());
+  EXPECT_EQ(lines[2]["path"], "200/zed.db");
+  EXPECT_TRUE(lines[2]["shipped_seq"].is_null());
+}
+
+TEST(TenantsLive, is_empty_with_no_active_tenant) { EXPECT_EQ(TenantsLiveJsonl({}, {}), ""); }
+
+TEST(TenantsLive, names_no_tenant_of_a_range_no_longer_served) {
+  replica::TenantReplication pending;
+  pending.main_path = "001/beta.db";
+  pending.pending_since_ms = 500;
+  const std::string text = TenantsLiveJsonl({{"017/acme.db", 2}}, {pending},
+                                            [](std::string_view path) { return path == "017/acme.db"; });
+  EXPECT_EQ(text.find("beta"), std::string::npos) << text;
+  EXPECT_NE(text.find("acme"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -232,7 +232,14 @@ void Replicator::Impl::Deleted(const FleetFile& main, std::uint64_t epoch) {
   if (::faccessat(root_.get(), DeletedPath(main).c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
     WillDelete(main, epoch);
   }
-  LogFor(main)->stale_base = true;  // a tenant made again starts from a snapshot
+  {
+    auto log = LogFor(main);
+    log->stale_base = true;  // a tenant made again starts from a snapshot
+    // Shown no more: the file it described is gone (last_data is the
+    // shipper's, under the log's mu; the next round drops it).
+    log->shown_seq = 0;
+    log->shown_ms = 0;
+  }
   std::shared_ptr<Tenant> t;
   {
     std::lock_guard lock(tenants_mu_);
@@ -355,6 +362,44 @@ double Replicator::Impl::LagSeconds(Slot first, Slot last) const {
   return oldest == 0 ? 0.0 : std::max<WallMs>(0, NowMs() - oldest) / 1000.0;
 }
 
+std::vector<TenantReplication> Replicator::Impl::TenantStates(
+    const std::vector<std::string>& also) const {
+  std::vector<std::string> paths;
+  {
+    std::lock_guard lock(active_mu_);
+    paths.reserve(active_.size() + also.size());
+    for (const auto& [path, n] : active_) paths.push_back(path);
+  }
+  paths.insert(paths.end(), also.begin(), also.end());
+  std::sort(paths.begin(), paths.end());
+  paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+  std::vector<std::pair<std::shared_ptr<Tenant>, std::shared_ptr<KeyLog>>> found(paths.size());
+  {
+    std::lock_guard lock(tenants_mu_);
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      if (auto it = tenants_.find(paths[i]); it != tenants_.end()) found[i].first = it->second;
+      if (auto it = logs_.find(paths[i]); it != logs_.end()) found[i].second = it->second;
+    }
+  }
+  std::vector<TenantReplication> out;
+  out.reserve(paths.size());
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const auto& [t, log] = found[i];
+    if (!t && !log) continue;
+    TenantReplication r{paths[i], 0, 0, 0, false};
+    if (log) {
+      r.shipped_seq = log->shown_seq.load();
+      r.shipped_ms = r.shipped_seq != 0 ? log->shown_ms.load() : 0;
+    }
+    if (t) {
+      r.pending_since_ms = t->capture().oldest_pending_ms();
+      r.unshippable = t->capture().unshippable();
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 ReplicationStats Replicator::Impl::Stats() const {
   ReplicationStats s;
   s.txns_shipped = counters_.txns_shipped.load();
@@ -448,6 +493,9 @@ bool Replicator::FlushRange(MonoTime deadline, Slot first, Slot last) {
 }
 double Replicator::LagSeconds(Slot first, Slot last) const { return impl_->LagSeconds(first, last); }
 ReplicationStats Replicator::Stats() const { return impl_->Stats(); }
+std::vector<TenantReplication> Replicator::TenantStates(const std::vector<std::string>& also) const {
+  return impl_->TenantStates(also);
+}
 void Replicator::Stop() { impl_->Stop(); }
 
 }  // namespace fleetfs::replica

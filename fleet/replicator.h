@@ -185,6 +185,17 @@ struct ReplicationStats {
   double lag_p99_s = 0;
 };
 
+// What the replicator knows of one tenant now, for `fleetfs ls` and
+// `fleetfs inspect`: its newest data object this agent shipped (since it
+// started) and its oldest commit not yet shipped.
+struct TenantReplication {
+  std::string main_path;
+  std::uint64_t shipped_seq = 0;  // 0: nothing shipped by this agent
+  WallMs shipped_ms = 0;          // when it landed; 0 when unknown
+  WallMs pending_since_ms = 0;    // oldest commit not yet shipped; 0: none
+  bool unshippable = false;       // journal mode OFF or MEMORY (see Capture)
+};
+
 class Replicator final : public TenantHooks {
  public:
   static Result<std::unique_ptr<Replicator>> Start(ReplicatorOptions options);
@@ -211,6 +222,12 @@ class Replicator final : public TenantHooks {
   // everything is shipped.
   double LagSeconds(Slot first, Slot last) const;
   ReplicationStats Stats() const;
+  // The active tenants (written, or with something left to ship) and those
+  // of `also` (the agent's tenants with open handles) that replication
+  // knows; sorted by path, one entry each. Its size follows those tenants,
+  // never every tenant shipped since the start: tenants_mu_ is held only to
+  // copy their pointers, as every open takes it too.
+  std::vector<TenantReplication> TenantStates(const std::vector<std::string>& also = {}) const;
   void Stop();
 
   class Impl;

@@ -2373,5 +2373,87 @@ TEST_F(ReplicatorTest, a_deleted_files_pending_snapshot_waits_for_every_tenants_
   EXPECT_EQ(copy.Ids(), Range(500, 501));
 }
 
+// ---- what `fleetfs ls` is shown: TenantStates ----
+
+const TenantReplication* StateOf(const std::vector<TenantReplication>& states,
+                                 const FleetFile& main) {
+  for (const auto& s : states) {
+    if (s.main_path == main.main_path) return &s;
+  }
+  return nullptr;
+}
+
+TEST_F(ReplicatorTest, tenant_states_name_only_active_tenants_and_those_asked_for) {
+  Start(Options());
+  std::vector<FleetFile> keys;
+  std::vector<std::unique_ptr<Db>> dbs;
+  std::vector<std::shared_ptr<TenantWatch>> watches;
+  for (int i = 0; i < 40; ++i) {
+    keys.push_back(Main("shown-" + std::to_string(i)));
+    fs::create_directories(fs::path(Backing(keys.back())).parent_path());
+    dbs.push_back(std::make_unique<Db>(Backing(keys.back())));
+    watches.push_back(WalTenant(*rep_, *dbs.back(), keys.back()));
+    Insert(*dbs.back(), 0, 2);
+  }
+  EXPECT_EQ(rep_->TenantStates().size(), 40u) << "written, not yet shipped: all active";
+  ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_TRUE(rep_->TenantStates().empty()) << "every tenant shipped since the start was named";
+  const auto one = rep_->TenantStates({keys[3].main_path, "000/never-seen.db"});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].main_path, keys[3].main_path);
+  EXPECT_GE(one[0].shipped_seq, 1u);
+  EXPECT_NE(one[0].shipped_ms, 0);
+  EXPECT_EQ(one[0].pending_since_ms, 0);
+}
+
+TEST_F(ReplicatorTest, a_deleted_tenant_no_longer_shows_what_was_shipped_of_it) {
+  FleetFile k = Main("shown-deleted");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(Options());
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  const auto* before = StateOf(rep_->TenantStates({k.main_path}), k);
+  ASSERT_NE(before, nullptr);
+  ASSERT_GE(before->shipped_seq, 1u);
+  rep_->WillDelete(k, kEpoch);
+  fs::remove(Backing(k));
+  fs::remove(Backing(k) + "-wal");
+  fs::remove(Backing(k) + "-shm");
+  rep_->Deleted(k, kEpoch);
+  const auto after = rep_->TenantStates({k.main_path});
+  const auto* s = StateOf(after, k);
+  EXPECT_TRUE(s == nullptr || s->shipped_seq == 0) << "a deleted tenant showed sequence "
+                                                   << s->shipped_seq;
+}
+
+TEST_F(ReplicatorTest, a_restored_tenant_no_longer_shows_the_sequence_this_host_shipped_before) {
+  FleetFile k = Main("shown-restored");
+  fs::create_directories(fs::path(Backing(k)).parent_path());
+  Start(Options());
+  {
+    Db db(Backing(k));
+    auto watch = WalTenant(*rep_, db, k);
+    Insert(db, 0, 3);
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  const auto* before = StateOf(rep_->TenantStates({k.main_path}), k);
+  ASSERT_NE(before, nullptr);
+  ASSERT_GE(before->shipped_seq, 1u);
+  // Another owner ships a newer generation; this host serves the key again
+  // at a newer epoch, and the replica's copy replaces its own.
+  PutGeneration(k, kEpoch + 1, std::string(8192, 'A'));
+  served_ = kEpoch + 2;
+  ASSERT_EQ(PrepareAndWait(k, kEpoch + 2), 0);
+  ASSERT_TRUE(Read(Backing(k)) == std::string(8192, 'A')) << "not restored";
+  const auto after = rep_->TenantStates({k.main_path});
+  const auto* s = StateOf(after, k);
+  EXPECT_TRUE(s == nullptr || s->shipped_seq == 0) << "a restored tenant showed sequence "
+                                                   << s->shipped_seq;
+}
+
 }  // namespace
 }  // namespace fleetfs::replica

@@ -206,4 +206,37 @@ Result<CommittedIndex> IndexCommitted(int fd) {
   return index;
 }
 
+Result<FrameCount> CountFrames(int fd, std::uint64_t max_frames) {
+  FrameCount count;
+  std::uint8_t hbuf[kHeaderSize];
+  FLEETFS_ASSIGN_OR_RETURN(std::size_t got, PreadFull(fd, hbuf, sizeof hbuf, 0));
+  const std::optional<Header> header = ParseHeader(hbuf, got);
+  if (!header) return count;
+  count.header_valid = true;
+  count.page_size = header->page_size;
+  count.checkpoint_seq = header->checkpoint_seq;
+  const bool be = header->big_endian_words();
+  std::vector<std::uint8_t> frame(kFrameHeaderSize + header->page_size);
+  std::uint64_t offset = kHeaderSize;
+  Checksum chain = header->checksum;
+  while (true) {
+    if (count.valid >= max_frames) {
+      count.capped = true;
+      break;
+    }
+    FLEETFS_ASSIGN_OR_RETURN(std::size_t n, PreadFull(fd, frame.data(), frame.size(), offset));
+    if (n < frame.size()) break;
+    const FrameHeader fh = ParseFrameHeader(frame.data());
+    if (fh.salt1 != header->salt1 || fh.salt2 != header->salt2 || fh.page_number == 0) break;
+    Checksum next = Continue(chain, be, frame.data(), 8);
+    next = Continue(next, be, frame.data() + kFrameHeaderSize, header->page_size);
+    if (next != fh.checksum) break;
+    chain = next;
+    ++count.valid;
+    if (fh.commit_pages != 0) count.committed = count.valid;
+    offset += frame.size();
+  }
+  return count;
+}
+
 }  // namespace fleetfs::wal

@@ -113,4 +113,19 @@ struct CommittedIndex {
 };
 Result<CommittedIndex> IndexCommitted(int fd);
 
+// The frames of the log open on `fd` that belong to its current header
+// (salts equal to the header's, checksum chain unbroken), as SQLite's
+// recovery would keep them: a log reused after a checkpoint keeps old frames
+// past its tail, so the file's size says nothing of them. At most
+// `max_frames` are read (`capped` then), for a bound on the work.
+struct FrameCount {
+  bool header_valid = false;
+  std::uint32_t page_size = 0;
+  std::uint32_t checkpoint_seq = 0;
+  std::uint64_t valid = 0;      // frames that continue the chain
+  std::uint64_t committed = 0;  // of those, up to the last commit frame
+  bool capped = false;          // stopped at max_frames: more may follow
+};
+Result<FrameCount> CountFrames(int fd, std::uint64_t max_frames);
+
 }  // namespace fleetfs::wal

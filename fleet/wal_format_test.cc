@@ -146,6 +146,38 @@ TEST_F(WalFile, a_restart_is_seen_by_its_header_and_old_frames_are_not_read_agai
   EXPECT_GT(fs::file_size(path_ + "-wal"), cursor.offset);
 }
 
+TEST_F(WalFile, only_the_frames_of_the_current_log_are_counted_after_a_restart) {
+  Insert(0, 20);
+  UniqueFd fd = OpenWal();
+  auto before = CountFrames(fd.get(), 1000);
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->valid, 22u);  // page 1 and the table's root, then one frame a row
+  EXPECT_EQ(before->committed, 22u);
+  EXPECT_FALSE(before->capped);
+  Exec("PRAGMA wal_checkpoint(RESTART)");
+  Insert(20, 21);  // reuses the file from its start, untruncated
+  const auto size = fs::file_size(path_ + "-wal");
+  auto after = CountFrames(fd.get(), 1000);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->valid, 1u);
+  EXPECT_EQ(after->committed, 1u);
+  EXPECT_GT((size - kHeaderSize) / (kFrameHeaderSize + 4096), 1u) << "the file kept old frames";
+}
+
+TEST_F(WalFile, counting_frames_stops_at_its_bound) {
+  Insert(0, 20);
+  UniqueFd fd = OpenWal();
+  auto counted = CountFrames(fd.get(), 5);
+  ASSERT_TRUE(counted.ok());
+  EXPECT_EQ(counted->valid, 5u);
+  EXPECT_TRUE(counted->capped);
+  UniqueFd none(::open((dir_ / "absent-wal").c_str(), O_RDONLY | O_CREAT, 0600));
+  auto empty = CountFrames(none.get(), 5);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->valid, 0u);
+  EXPECT_FALSE(empty->header_valid);
+}
+
 TEST_F(WalFile, a_transaction_larger_than_the_bound_comes_back_without_its_pages) {
   Insert(0, 2);
   // One transaction of about 200 pages, between two small ones.

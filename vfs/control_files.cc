@@ -6,6 +6,7 @@ namespace {
 constexpr std::string_view kStatusName = "status.json";
 constexpr std::string_view kRangesName = "ranges";
 constexpr std::string_view kControlName = "control";
+constexpr std::string_view kTenantsLiveName = "tenants-live.jsonl";
 
 }  // namespace
 
@@ -15,6 +16,7 @@ Ino ControlFiles::Lookup(Ino parent, std::string_view name) {
   if (name == kStatusName) return kStatusIno;
   if (name == kRangesName) return kRangesIno;
   if (name == kControlName) return kControlIno;
+  if (name == kTenantsLiveName) return kTenantsLiveIno;
   return 0;
 }
 
@@ -41,12 +43,15 @@ struct stat ControlFiles::Attr(Ino ino, const struct timespec& mtime) {
 std::vector<ControlFiles::Entry> ControlFiles::List() {
   return {{std::string(kStatusName), kStatusIno, S_IFREG},
           {std::string(kRangesName), kRangesIno, S_IFREG},
-          {std::string(kControlName), kControlIno, S_IFREG}};
+          {std::string(kControlName), kControlIno, S_IFREG},
+          {std::string(kTenantsLiveName), kTenantsLiveIno, S_IFREG}};
 }
 
 std::string ControlFiles::Contents(Ino ino) const {
   if (ino == kControlIno) return std::string();
-  const auto& make = ino == kStatusIno ? status_json_ : ranges_text_;
+  const auto& make = ino == kStatusIno   ? status_json_
+                     : ino == kRangesIno ? ranges_text_
+                                         : tenants_live_;
   return make ? make() : std::string();
 }
 

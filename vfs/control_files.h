@@ -2,6 +2,12 @@
 //
 //   .fleetfs/status.json   the agent's state (DESIGN section 6)
 //   .fleetfs/ranges        the served ranges, one a line
+//   .fleetfs/tenants-live.jsonl
+//                          the tenants the agent holds live state for (open
+//                          handles, commits shipped or pending), one JSON
+//                          object a line: what `fleetfs ls` joins to the
+//                          files it reads from the backing directory. Its
+//                          size follows the active tenants, never the fleet.
 //   .fleetfs/control       write-only requests (handoff, drain) from root or
 //                          the agent's own user; the reply is read back from
 //                          the same descriptor
@@ -40,13 +46,17 @@ class ControlFiles {
     mode_t type = 0;  // S_IFREG or S_IFDIR
   };
 
-  ControlFiles(std::function<std::string()> status_json, std::function<std::string()> ranges_text)
-      : status_json_(std::move(status_json)), ranges_text_(std::move(ranges_text)) {}
+  ControlFiles(std::function<std::string()> status_json, std::function<std::string()> ranges_text,
+               std::function<std::string()> tenants_live = {})
+      : status_json_(std::move(status_json)),
+        ranges_text_(std::move(ranges_text)),
+        tenants_live_(std::move(tenants_live)) {}
 
   // The control directory or one of its files.
   static bool Is(Ino ino) { return ino == kControlDirIno || IsFile(ino); }
   static bool IsFile(Ino ino) {
-    return ino == kStatusIno || ino == kRangesIno || ino == kControlIno;
+    return ino == kStatusIno || ino == kRangesIno || ino == kControlIno ||
+           ino == kTenantsLiveIno;
   }
   // Whether `uid` may send requests through .fleetfs/control: root, or the
   // user the agent runs as.
@@ -65,6 +75,7 @@ class ControlFiles {
  private:
   std::function<std::string()> status_json_;
   std::function<std::string()> ranges_text_;
+  std::function<std::string()> tenants_live_;
 };
 
 }  // namespace fleetfs::vfs

@@ -31,6 +31,7 @@
 #include "vfs/handles.h"
 #include "vfs/inode_table.h"
 #include "vfs/negative_names.h"
+#include "vfs/per_uid_limit.h"
 #include "vfs/permission.h"
 
 namespace fleetfs::vfs {
@@ -61,6 +62,10 @@ constexpr int kDeferred = -1;
 // empty database over the replica's). A user stat-ing random names from many
 // processes queues at most this many listings ahead of other users' opens.
 constexpr int kMaxDeferredPerUid = 32;
+// Control files open at once per user: each handle keeps its content (made
+// at open), so a user opening one in a loop would otherwise make the agent
+// hold as many copies. EMFILE beyond it.
+constexpr int kMaxControlOpensPerUid = 64;
 
 // A lookup or open not prepared yet: it needs the replicator before a main
 // file is exposed. One that was is prepared for the epoch it names, and is
@@ -114,7 +119,7 @@ class FleetFs::Impl final : public FencedFiles {
  public:
   explicit Impl(MountOptions options)
       : options_(std::move(options)),
-        control_(options_.status_json, options_.ranges_text),
+        control_(options_.status_json, options_.ranges_text, options_.tenants_live),
         backing_(*options_.clock),
         negative_(kMaxNegativeNames,
                   std::chrono::duration_cast<MonoTime::duration>(
@@ -132,6 +137,13 @@ class FleetFs::Impl final : public FencedFiles {
   std::size_t OpenHandles() const {
     std::lock_guard lock(handles_mu_);
     return file_handles_.size();
+  }
+  std::vector<std::pair<std::string, std::size_t>> OpenHandlesByTenant() const {
+    std::lock_guard lock(handles_mu_);
+    std::vector<std::pair<std::string, std::size_t>> out;
+    out.reserve(open_tenants_.size());
+    for (const auto& [path, n] : open_tenants_) out.emplace_back(path, static_cast<std::size_t>(n));
+    return out;
   }
   std::size_t OpenHandlesIn(Slot first, Slot last) override {
     std::lock_guard lock(handles_mu_);
@@ -352,6 +364,7 @@ class FleetFs::Impl final : public FencedFiles {
         other_handles_.erase(h);
       }
     }
+    if (h->kind == HandleKind::kVirtual) control_opens_.Leave(static_cast<VirtualHandle*>(h)->uid);
     delete h;  // a file handle closes its backing descriptor; no write happens on close
   }
   // Attributes of a file that is open but no longer has its name (SQLite
@@ -390,6 +403,8 @@ class FleetFs::Impl final : public FencedFiles {
 
   std::mutex negative_mu_;  // guards negative_; taken alone
   NegativeNames negative_;
+
+  PerUidLimit control_opens_{kMaxControlOpensPerUid};
 
   std::mutex deferred_mu_;  // guards deferred_; taken alone
   std::unordered_map<uid_t, int> deferred_;  // uid -> its lookups and opens in Prepare
@@ -1052,7 +1067,13 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       self.Failed(req, Op::kOpen, EACCES);
       return;
     }
+    const uid_t uid = fuse_req_ctx(req)->uid;
+    if (!self.control_opens_.Enter(uid)) {
+      self.Failed(req, Op::kOpen, EMFILE);
+      return;
+    }
     auto h = std::make_unique<VirtualHandle>();
+    h->uid = uid;
     h->content = self.control_.Contents(ino);
     self.AddHandle(h.get());
     fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
@@ -1517,6 +1538,9 @@ void FleetFs::WaitForFences() { impl_->WaitForFences(); }
 void FleetFs::Unmount() { impl_->Stop(); }
 const VfsStats& FleetFs::stats() const { return impl_->stats(); }
 std::size_t FleetFs::OpenHandles() const { return impl_->OpenHandles(); }
+std::vector<std::pair<std::string, std::size_t>> FleetFs::OpenHandlesByTenant() const {
+  return impl_->OpenHandlesByTenant();
+}
 std::size_t FleetFs::OpenHandlesIn(Slot first, Slot last) const {
   return impl_->OpenHandlesIn(first, last);
 }

@@ -62,6 +62,7 @@ struct MountOptions {
   // on a FUSE thread.
   std::function<std::string()> status_json;
   std::function<std::string()> ranges_text;
+  std::function<std::string()> tenants_live;
   // Answers a request written to .fleetfs/control by an allowed caller (see
   // control_files.h), on the FUSE thread of the write; it may block briefly.
   // Unset: every request is refused.
@@ -105,6 +106,9 @@ class FleetFs {
   const VfsStats& stats() const;
   std::size_t OpenHandles() const;
   std::size_t OpenHandlesIn(Slot first, Slot last) const;
+  // Open handles per tenant (main path; its sidecars' handles count for it),
+  // in no order: as many entries as tenants with open files.
+  std::vector<std::pair<std::string, std::size_t>> OpenHandlesByTenant() const;
 
   class Impl;
 

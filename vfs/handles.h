@@ -54,6 +54,7 @@ struct VirtualHandle final : Handle {
   bool control = false;
   std::mutex mu;        // guards content of a control handle
   std::string content;
+  uid_t uid = 0;  // who opened it: counted against their control opens
 };
 
 // An open directory: its listing, made at the first readdir.

@@ -45,6 +45,7 @@ inline constexpr Ino kControlDirIno = kFirstBucketIno + kBucketCount;  // 258
 inline constexpr Ino kStatusIno = kControlDirIno + 1;
 inline constexpr Ino kRangesIno = kControlDirIno + 2;
 inline constexpr Ino kControlIno = kControlDirIno + 3;  // .fleetfs/control
+inline constexpr Ino kTenantsLiveIno = kControlDirIno + 4;  // .fleetfs/tenants-live.jsonl
 inline constexpr Ino kFirstFileIno = 1024;
 
 inline bool IsBucketIno(Ino ino) { return ino >= kFirstBucketIno && ino < kFirstBucketIno + kBucketCount; }

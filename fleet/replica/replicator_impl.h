@@ -91,6 +91,7 @@ class Replicator::Impl {
   bool RangeShipped(Slot first, Slot last) const;
   double LagSeconds(Slot first, Slot last) const;
   ReplicationStats Stats() const;
+  std::vector<TenantReplication> TenantStates(const std::vector<std::string>& also) const;
 
   // Used by Tenant.
   int root() const { return root_.get(); }
@@ -322,6 +323,23 @@ struct KeyLog {
   // The newest data object this host appended (its sequence and checksum):
   // what the file's shipped stamp records once nothing is left to ship.
   std::optional<ShippedStamp> last_data;
+  // last_data's sequence and when it landed (0: unknown), for operators,
+  // read without mu (TenantStates).
+  std::atomic<std::uint64_t> shown_seq{0};
+  std::atomic<WallMs> shown_ms{0};
+  void Landed(std::uint64_t seq, std::uint64_t prev, WallMs now) {
+    last_data = ShippedStamp{seq, prev, {}};
+    shown_seq = seq;
+    shown_ms = now;
+  }
+  // The log's base or history no longer belongs to the file (a delete, a
+  // new capture, a restore): nothing this host shipped describes it now, so
+  // operators are no longer shown it either.
+  void Forget() {
+    last_data.reset();
+    shown_seq = 0;
+    shown_ms = 0;
+  }
   WallMs last_snapshot_ms = 0;
   std::uint64_t commits_since_snapshot = 0;
   // A newer epoch took the log (or it could not be trusted) while written at

@@ -356,7 +356,7 @@ void Replicator::Impl::ResetTenant(const FleetFile& main) {
   std::lock_guard ship(t->log().mu);
   t->capture().Reset();
   t->log().base = false;
-  t->log().last_data.reset();
+  t->log().Forget();
 }
 
 void Replicator::Impl::Warm(Slot first, Slot last, std::uint64_t epoch) {

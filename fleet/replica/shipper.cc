@@ -256,6 +256,7 @@ void Replicator::Impl::MaybeContinue(KeyLog& k, Tenant& t, std::optional<std::ui
   if (!LogEndsAt(t.main(), *serving, *stamp)) return;
   k.base = true;
   k.last_data = *stamp;
+  k.shown_seq = stamp->seq;  // when it landed is not known
   // The snapshot interval counts from here: the base's own time is unknown,
   // and an immediate "due" snapshot would undo what continuing saves.
   k.last_snapshot_ms = NowMs();
@@ -453,7 +454,7 @@ Status Replicator::Impl::AppendPendingSegment(KeyLog& k, const FleetFile& main, 
   const std::uint64_t bytes = p.bytes;
   const std::vector<WallMs> commits = std::move(p.commit_ms);
   k.EndPendingSegment();
-  k.last_data = ShippedStamp{out.seq, k.writer.position().prev, {}};
+  k.Landed(out.seq, k.writer.position().prev, NowMs());
   k.commits_since_snapshot += commits.size();
   if (capture) capture->Shipped();
   const WallMs now = NowMs();
@@ -505,7 +506,7 @@ Status Replicator::Impl::AppendPendingSnapshot(KeyLog& k, const FleetFile& main,
   ::fstat(k.pending_snapshot.get(), &st);
   k.pending_snapshot.Reset();
   k.base = true;
-  k.last_data = ShippedStamp{out.seq, k.writer.position().prev, {}};
+  k.Landed(out.seq, k.writer.position().prev, NowMs());
   k.last_snapshot_ms = NowMs();
   k.commits_since_snapshot = 0;
   if (capture) capture->ClearGap(k.pending_gap_mark);
@@ -575,7 +576,7 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
   std::lock_guard ship(k.mu);
   if (k.stale_base.exchange(false)) {
     k.base = false;
-    k.last_data.reset();
+    k.Forget();
   }
   const FleetFile& main = t.main();
   std::optional<std::uint64_t> serving;
@@ -600,7 +601,7 @@ bool Replicator::Impl::Sync(Tenant& t, bool snapshots, bool* deferred) {
     Status st = AppendPendingSegment(k, main, nullptr);
     if (st.ok()) st = AppendPendingSnapshot(k, main, nullptr);
     k.base = false;
-    k.last_data.reset();
+    k.Forget();
     if (st.code() == Code::kFailedPrecondition) return false;
     if (!st.ok()) {
       RecordFailure(st.WithContext("shipping what " + main.main_path + " held before its delete"));

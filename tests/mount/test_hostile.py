@@ -125,7 +125,8 @@ class VirtualFiles(MountTest):
         a = self.agent("a").start()
         a.wait_states("serving")
         control = os.path.join(a.mount, ".fleetfs")
-        files = [os.path.join(control, "status.json"), os.path.join(control, "ranges")]
+        files = [os.path.join(control, "status.json"), os.path.join(control, "ranges"),
+                 os.path.join(control, "tenants-live.jsonl")]
         # .fleetfs/control refuses every open by another user (test_handoff):
         # only root's requests reach it, and must not hurt it either.
         request_file = os.path.join(control, "control")

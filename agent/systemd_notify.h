@@ -18,12 +18,13 @@
 // ping is withheld so systemd restarts the agent (WatchdogSec later).
 //
 // ServiceAnnouncer and WatchdogHealth are pure (time is passed in); the
-// SystemdNotifier shell sends through libsystemd and is a no-op when
+// SystemdNotifier shell sends on a non-blocking socket of its own and is a no-op when
 // NOTIFY_SOCKET is unset.
 //
 // Thread-safety: none; the loop thread owns all three.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,21 +82,57 @@ class WatchdogHealth {
   std::uint64_t refreshes_seen_ = 0;
 };
 
-// sd_notify through libsystemd.
+// How long systemd must give the agent for what is left of a stop begun in
+// `phase` (EXTEND_TIMEOUT_USEC=): draining waits up to shutdown_grace for open
+// files, then fencing and shipping the last commits take up to a ttl and
+// releasing the slots ttl/3 to settle and ttl/3 to confirm; `margin` covers
+// the unmount and the exit. The unit's TimeoutStopSec is fixed, ttl and grace
+// are not (up to 3600s and 600s): a kill mid-flush loses commits.
+Millis StopTimeBound(Phase phase, Millis ttl, Millis shutdown_grace, Millis margin);
+// The same for the start: the first refresh round ends within ttl/3 and its
+// claims within another ttl/3.
+Millis StartTimeBound(Millis ttl, Millis margin);
+// "EXTEND_TIMEOUT_USEC=<bound in microseconds>".
+std::string ExtendTimeout(Millis bound);
+
+// sd_notify(3)'s protocol on a socket of its own, non-blocking: libsystemd's
+// sd_notify blocks in sendmsg when nobody reads NOTIFY_SOCKET (its queue holds
+// few datagrams), and a blocked send on the loop stops the agent, stop signal
+// included. A full socket drops STATUS= and WATCHDOG=1 (the next one follows);
+// READY=1, STOPPING=1 and EXTEND_TIMEOUT_USEC= (the latest of these wins) are
+// kept and sent again by Flush.
 class SystemdNotifier {
  public:
   // Reads NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID (sd_watchdog_enabled).
   SystemdNotifier();
+  // Sends to the socket at `path` ("@name": the abstract namespace); tests.
+  explicit SystemdNotifier(const std::string& path);
+  ~SystemdNotifier();
+  SystemdNotifier(const SystemdNotifier&) = delete;
+  SystemdNotifier& operator=(const SystemdNotifier&) = delete;
   // NOTIFY_SOCKET is set: the agent runs under a service manager that listens.
   bool active() const { return active_; }
   // The watchdog interval when systemd asked for pings of this process.
   std::optional<Millis> watchdog_interval() const { return watchdog_; }
-  // Sends one message ("READY=1"); a failure is logged once, never fatal.
-  void Send(const std::string& message);
+  // Sends one message ("READY=1") without blocking; a failure is logged
+  // once, never fatal. true: sent now.
+  bool Send(const std::string& message);
+  // Sends again what a full socket kept; from a loop timer.
+  void Flush();
+  // Kept messages not yet sent.
+  const std::vector<std::string>& pending() const { return pending_; }
 
  private:
+  void Open(const std::string& path);
+  // 1: sent; 0: the socket is full (EAGAIN); -1: failed otherwise.
+  int TrySend(const std::string& message);
+  void Keep(const std::string& message);
+
   bool active_ = false;
   bool send_failed_ = false;
+  int fd_ = -1;
+  std::string address_;  // a sockaddr_un, as bytes
+  std::vector<std::string> pending_;
   std::optional<Millis> watchdog_;
 };
 

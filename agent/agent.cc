@@ -584,7 +584,7 @@ void Agent::StopAnnounce(Phase phase) {
 void Agent::WatchdogTick() {
   if (lifecycle_.phase() == Phase::kStopped || !watchdog_health_) return;
   std::optional<std::string> why =
-      watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refreshes_.load());
+      watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refresher_ ? refresher_->answered() : 0);
   if (!why) {
     if (watchdog_withheld_) spdlog::info("the loop is healthy again: pinging the watchdog");
     watchdog_withheld_ = false;

@@ -57,16 +57,16 @@ std::optional<std::string> ServiceAnnouncer::Stopping() {
 }
 
 std::optional<std::string> WatchdogHealth::Check(MonoTime now, bool renews,
-                                                 std::uint64_t refreshes_ended) {
-  if (!renews || refreshes_ended != refreshes_seen_) {
-    refreshes_seen_ = refreshes_ended;
+                                                 std::uint64_t answered) {
+  if (!renews || answered != refreshes_seen_) {
+    refreshes_seen_ = answered;
     last_progress_ = now;
     return std::nullopt;
   }
   if (now - last_progress_ <= overdue_after()) return std::nullopt;
-  return "no refresh round has ended for " +
+  return "no store call has answered for " +
          std::to_string(std::chrono::duration_cast<Millis>(now - last_progress_).count()) +
-         " ms (a round ends at least every 2/3 ttl; " +
+         " ms (a call answers or times out within ttl/3, and one starts every ttl/3; " +
          std::to_string(overdue_after().count()) + " ms means it is wedged)";
 }
 

@@ -12,10 +12,12 @@
 //
 // Healthy, for the watchdog: the ping runs on a loop timer, so a loop that
 // is blocked does not ping at all; and the refresh machinery is not wedged.
-// A refresh starts every ttl/3 and its store calls end within ttl/3 (a time
-// limit), so a refresh round ends at least every 2/3 ttl; none for
-// ttl/3 + ttl while the agent renews means the rounds no longer end, and the
-// ping is withheld so systemd restarts the agent (WatchdogSec later).
+// A refresh starts every ttl/3 and sends a store call per range not still
+// waiting on one; a call answers (an error counts) or hangs. Rounds end at
+// their time limit even when no call ran (a wedged pool), so what counts is
+// store calls answered (Refresher::answered): none for ttl/3 + ttl while the
+// agent renews means the calls no longer get through, and the ping is
+// withheld so systemd restarts the agent (WatchdogSec later).
 //
 // ServiceAnnouncer and WatchdogHealth are pure (time is passed in); the
 // SystemdNotifier shell sends on a non-blocking socket of its own and is a no-op when
@@ -69,16 +71,16 @@ class ServiceAnnouncer {
 class WatchdogHealth {
  public:
   WatchdogHealth(Millis ttl, MonoTime start) : ttl_(ttl), last_progress_(start) {}
-  // At a watchdog tick: `renews` is the lifecycle's renews(), `refreshes_ended`
-  // the count of refresh rounds ended so far. nullopt: healthy, ping; else why
+  // At a watchdog tick: `renews` is the lifecycle's renews(), `answered`
+  // the count of store calls answered so far. nullopt: healthy, ping; else why
   // not, for the log.
-  std::optional<std::string> Check(MonoTime now, bool renews, std::uint64_t refreshes_ended);
-  // How long without a refresh round ending counts as wedged.
+  std::optional<std::string> Check(MonoTime now, bool renews, std::uint64_t answered);
+  // How long without a store call answering counts as wedged.
   Millis overdue_after() const { return ttl_ / 3 + ttl_; }
 
  private:
   Millis ttl_;
-  MonoTime last_progress_;  // the last tick that saw a new round end, or not renewing
+  MonoTime last_progress_;  // the last tick that saw a new answer, or not renewing
   std::uint64_t refreshes_seen_ = 0;
 };
 

@@ -102,8 +102,8 @@ TEST_F(WatchdogHealthTest, no_round_ending_for_a_ttl_past_the_interval_withholds
   std::optional<std::string> why = health_.Check(now_, true, 1);
   ASSERT_TRUE(why.has_value());
   EXPECT_EQ(*why,
-            "no refresh round has ended for 40001 ms (a round ends at least every 2/3 ttl; "
-            "40000 ms means it is wedged)");
+            "no store call has answered for 40001 ms (a call answers or times out within "
+            "ttl/3, and one starts every ttl/3; 40000 ms means it is wedged)");
   now_ += Millis(1);
   EXPECT_EQ(health_.Check(now_, true, 2), std::nullopt) << "a round ended: healthy again";
 }

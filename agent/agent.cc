@@ -570,6 +570,15 @@ void Agent::Announce() {
   if (replicator_ && !state.lag_s) state.lag_s = 0;
   state.open_files = s.vfs ? s.vfs->open_handles : 0;
   state.failure = s.failure;
+  if (refresher_) {
+    for (const lease::RangeStatus& r : refresher_->Status()) {
+      using lease::RangeOutcome;
+      if (r.last == RangeOutcome::kClaimed || r.last == RangeOutcome::kRenewed ||
+          r.last == RangeOutcome::kLost || r.last == RangeOutcome::kWaiting) {
+        ++state.answered;
+      }
+    }
+  }
   for (const std::string& message : announcer_.Update(state)) notifier_.Send(message);
 }
 

@@ -36,9 +36,9 @@ std::string StatusLine(const ServiceState& state) {
 
 std::vector<std::string> ServiceAnnouncer::Update(const ServiceState& state) {
   std::vector<std::string> out;
-  // Phase serving is reached only with the mount up, after the first refresh
-  // round answered and its claims were put in the view.
-  if (!ready_sent_ && state.mounted && state.phase == Phase::kServing) {
+  const bool store_answered_all = state.ranges > 0 && state.answered == state.ranges;
+  if (!ready_sent_ && state.mounted && state.phase == Phase::kServing &&
+      (state.serving > 0 || store_answered_all)) {
     ready_sent_ = true;
     out.push_back("READY=1");
   }

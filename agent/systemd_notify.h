@@ -2,13 +2,13 @@
 // serves, STATUS= with the serving summary, STOPPING=1 at the stop signal,
 // and WATCHDOG=1 from the loop while the loop is healthy.
 //
-// READY=1 is sent once the agent reaches phase serving: the first refresh
-// round has answered, every range it claimed is in the view ("serving range
-// ..." is logged) and the mount is up ("mounted ..."). A range another owner
-// holds does not delay it: the agent is ready once that first round has
-// answered and the mount is up, serving what it could claim (it claims the
-// rest when the holder lets go). Units ordered after fleetfs.service start
-// then, and find the mount there.
+// READY=1 is sent once the agent is in phase serving with the mount up
+// ("mounted ...") and either serves a range ("serving range ..." logged) or
+// has had every configured range answered by the store in the latest round
+// (claimed, renewed, lost, or held by another owner: a standby is ready, and
+// claims when the holder lets go). Never while the store has not answered: a
+// failed or timed-out first round reaches phase serving too, with nothing
+// served. Units ordered after fleetfs.service start then, and find the mount.
 //
 // Healthy, for the watchdog: the ping runs on a loop timer, so a loop that
 // is blocked does not ping at all; and the refresh machinery is not wedged.
@@ -43,6 +43,7 @@ struct ServiceState {
   bool mounted = false;
   std::size_t serving = 0;  // ranges served now
   std::size_t ranges = 0;   // ranges configured
+  std::size_t answered = 0;  // ranges the store answered in the latest round (a decision, not an error)
   std::size_t open_files = 0;
   std::optional<double> lag_s;  // the largest replication lag; nullopt with replication off
   std::string failure;          // why the agent stood down (phase failed)
@@ -55,7 +56,7 @@ std::string StatusLine(const ServiceState& state);
 // Which notify messages a state change calls for.
 class ServiceAnnouncer {
  public:
-  // "READY=1" the first time the agent serves with its mount up, and
+  // "READY=1" the first time the agent is ready (the file comment), and
   // "STATUS=..." whenever the line changed; empty when nothing is new.
   std::vector<std::string> Update(const ServiceState& state);
   // "STOPPING=1" the first time; nullopt after.

@@ -65,7 +65,9 @@ TEST(ServiceAnnouncerTest, ready_waits_for_the_mount_and_phase_serving_and_is_se
 
 TEST(ServiceAnnouncerTest, a_range_held_elsewhere_does_not_delay_ready) {
   ServiceAnnouncer a;
-  EXPECT_EQ(a.Update(Serving(0, 1, 0)), (Messages{"READY=1", "STATUS=serving 0 of 1 range, 0 open files"}));
+  ServiceState standby = Serving(0, 1, 0);
+  standby.answered = 1;  // the store answered: another owner holds it
+  EXPECT_EQ(a.Update(standby), (Messages{"READY=1", "STATUS=serving 0 of 1 range, 0 open files"}));
 }
 
 TEST(ServiceAnnouncerTest, an_unchanged_status_sends_nothing) {
@@ -119,6 +121,19 @@ TEST_F(WatchdogHealthTest, while_not_renewing_rounds_are_not_expected) {
   now_ += kTtl;
   EXPECT_EQ(health_.Check(now_, true, 0), std::nullopt)
       << "renewing again: the wait starts over, not from the last round long ago";
+}
+
+TEST(ServiceAnnouncerTest, not_ready_until_a_range_serves_or_the_store_answered_every_range) {
+  ServiceAnnouncer a;
+  ServiceState s = Serving(0, 2, 0);  // phase serving after a failed first round
+  EXPECT_EQ(a.Update(s), Messages{"STATUS=serving 0 of 2 ranges, 0 open files"})
+      << "the store has not answered: not ready";
+  s.answered = 1;
+  EXPECT_EQ(a.Update(s), Messages{}) << "one of two answered";
+  s.answered = 2;  // both held by another owner: a standby
+  EXPECT_EQ(a.Update(s), Messages{"READY=1"});
+  ServiceAnnouncer b;
+  EXPECT_EQ(b.Update(Serving(1, 2, 0))[0], "READY=1") << "one range served is enough";
 }
 
 TEST(SystemdNotifierTest, without_notify_socket_it_is_inactive_and_sends_nothing) {

@@ -160,6 +160,24 @@ class SystemdNotifyTest(harness.MountTest):
         db.close()
         self.assertEqual(code, 0, a.log_tail())
 
+    def test_no_ready_while_the_store_has_not_answered(self):
+        # An etcd endpoint that accepts and never answers: every claim times
+        # out, the agent reaches phase serving with nothing served.
+        hole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(hole.close)
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        a = self.agent(ttl="3s")
+        a.store = f"etcd://127.0.0.1:{hole.getsockname()[1]}/fleetfs"
+        a.env.update({"NOTIFY_SOCKET": self.sock_path})
+        a.start()
+        self.wait_message(a, lambda m: m.startswith("STATUS=serving 0 of 1 range"),
+                          "phase serving with nothing served")
+        while "range 0-16383:" not in a.log():  # the failed round is logged
+            self.wait_message(a, lambda m: True, "the failed round")
+        self.assertNotIn("READY=1", self.seen, "READY=1 while the store had not answered")
+        self.assertEqual(a.stop(timeout=WAIT), 0, a.log_tail())
+
     def test_without_notify_socket_the_agent_logs_time_stamps_and_runs_as_before(self):
         a = self.agent(ttl="3s")
         a.env.update({"WATCHDOG_USEC": "1000000"})

@@ -46,6 +46,9 @@ namespace {
 using lease::Epoch;
 using lease::SlotRange;
 
+// Beyond the bounds of a phase, for the unmount and the exit (EXTEND_TIMEOUT_USEC=).
+constexpr Millis kNotifyMargin{30000};
+
 // Every inode the kernel caches holds a descriptor in the mount: the soft
 // limit (often 1024) would run out long before the hard one.
 void RaiseOpenFileLimit() {
@@ -152,6 +155,8 @@ class Agent {
   // systemd (agent/systemd_notify): READY, STATUS and the watchdog's pings.
   void Announce();
   void WatchdogTick();
+  // STOPPING=1 and EXTEND_TIMEOUT_USEC= for what is left of a stop in `phase`.
+  void StopAnnounce(Phase phase);
   HttpResponse Serve(const std::string& method, const std::string& path) const;
 
   const AgentConfig& config_;
@@ -205,6 +210,7 @@ class Agent {
   ServiceAnnouncer announcer_;
   std::optional<WatchdogHealth> watchdog_health_;
   bool watchdog_withheld_ = false;  // the last tick withheld the ping (logged once)
+  Phase extended_for_ = Phase::kStarting;  // the stop phase EXTEND_TIMEOUT_USEC was last sent for
 
   // Mirrors of loop-thread state for readers on other threads (the status
   // files are made on FUSE threads).
@@ -766,6 +772,7 @@ void Agent::Finish() {
   uv_timer_stop(&notify_timer_);
   uv_timer_stop(&watchdog_timer_);
   if (auto stopping = announcer_.Stopping()) notifier_.Send(*stopping);
+  notifier_.Flush();
   CloseLoopHandles();
   // A store call that still hangs keeps its pool thread; it must not keep
   // the agent from exiting.
@@ -844,6 +851,12 @@ AgentSnapshot Agent::Snapshot() const {
 
 void Agent::Announce() {
   if (!notifier_.active()) return;
+  const Phase phase = lifecycle_.phase();
+  if ((phase == Phase::kDraining || phase == Phase::kStopping) && phase != extended_for_) {
+    // Any stop, the agent's own too: STOPPING=1 first, then the time what is
+    // left of it may take, refreshed at each phase (systemd_notify.h).
+    StopAnnounce(phase);
+  }
   const AgentSnapshot s = Snapshot();
   ServiceState state;
   state.phase = lifecycle_.phase();
@@ -856,13 +869,30 @@ void Agent::Announce() {
   if (replicator_ && !state.lag_s) state.lag_s = 0;
   state.open_files = s.vfs ? s.vfs->open_handles : 0;
   state.failure = s.failure;
+  if (refresher_) {
+    for (const lease::RangeStatus& r : refresher_->Status()) {
+      using lease::RangeOutcome;
+      if (r.last == RangeOutcome::kClaimed || r.last == RangeOutcome::kRenewed ||
+          r.last == RangeOutcome::kLost || r.last == RangeOutcome::kWaiting) {
+        ++state.answered;
+      }
+    }
+  }
   for (const std::string& message : announcer_.Update(state)) notifier_.Send(message);
+}
+
+void Agent::StopAnnounce(Phase phase) {
+  if (!notifier_.active()) return;
+  if (auto stopping = announcer_.Stopping()) notifier_.Send(*stopping);
+  extended_for_ = phase;
+  notifier_.Send(
+      ExtendTimeout(StopTimeBound(phase, config_.ttl, config_.shutdown_grace, kNotifyMargin)));
 }
 
 void Agent::WatchdogTick() {
   if (lifecycle_.phase() == Phase::kStopped || !watchdog_health_) return;
   std::optional<std::string> why =
-      watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refreshes_.load());
+      watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refresher_ ? refresher_->answered() : 0);
   if (!why) {
     if (watchdog_withheld_) spdlog::info("the loop is healthy again: pinging the watchdog");
     watchdog_withheld_ = false;
@@ -978,8 +1008,16 @@ int Agent::Run(std::ostream& err) {
   watchdog_timer_.data = this;
   if (notifier_.active()) {
     // Open files and lag change without a step: the STATUS line follows them.
-    uv_timer_start(&notify_timer_, [](uv_timer_t* t) { static_cast<Agent*>(t->data)->Announce(); },
+    // A full NOTIFY_SOCKET kept READY=1 or STOPPING=1: sent again from here.
+    uv_timer_start(&notify_timer_,
+                   [](uv_timer_t* t) {
+                     auto* agent = static_cast<Agent*>(t->data);
+                     agent->notifier_.Flush();
+                     agent->Announce();
+                   },
                    1000, 1000);
+    // The first round and its claims may take longer than TimeoutStartSec at a long ttl.
+    notifier_.Send(ExtendTimeout(StartTimeBound(config_.ttl, kNotifyMargin)));
   }
   if (auto interval = notifier_.watchdog_interval()) {
     // Half the interval, as sd_watchdog_enabled(3) advises: one late tick is not a miss.
@@ -1050,7 +1088,7 @@ int Agent::Run(std::ostream& err) {
   }
   auto on_signal = [](uv_signal_t* handle, int signum) {
     auto* agent = static_cast<Agent*>(handle->data);
-    if (auto stopping = agent->announcer_.Stopping()) agent->notifier_.Send(*stopping);
+    agent->StopAnnounce(Phase::kDraining);
     agent->Apply(agent->lifecycle_.Signal(agent->mono_.Now(),
                                           signum == SIGTERM ? "SIGTERM" : "SIGINT",
                                           agent->Observe()));

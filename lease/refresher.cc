@@ -38,6 +38,7 @@ bool Refresher::Start() {
               ? shared->store->Claim(call.range, owner, ttl, call.floor)
               : shared->store->Renew(call.range, owner, call.epoch, ttl);
       std::unique_lock lock(shared->mu);
+      ++shared->answered;
       const bool was_open = shared->host.refresh_open();
       shared->host.Answer(call.id, answer);
       if (was_open && shared->host.AllAnswered()) Finish(*shared, lock);
@@ -47,6 +48,11 @@ bool Refresher::Start() {
   std::unique_lock lock(shared_->mu);
   if (shared_->host.refresh_open() && shared_->host.AllAnswered()) Finish(*shared_, lock);
   return true;
+}
+
+std::uint64_t Refresher::answered() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->answered;
 }
 
 std::optional<RefreshReport> Refresher::Tick() {

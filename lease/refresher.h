@@ -12,6 +12,7 @@
 // blocks a reader of EpochFor or Serving.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,10 @@ class Refresher {
   std::optional<SlotRange> Lose(Slot slot, Epoch newer);
   bool Unsettled() const;
   bool refresh_open() const;
+  // Store calls that returned, errors included. A round ends at its time
+  // limit whether or not any call ran, so only this shows that the executor
+  // and the store still get through (the agent's watchdog health).
+  std::uint64_t answered() const;
 
   // Shutdown: stops serving, and sends the releases the plan allows. Each
   // release answers later; `released()` counts the ones that went through.
@@ -85,6 +90,7 @@ class Refresher {
     MonoTime started{};  // of the last refresh; its calls' time limit is started + ttl/3
     ReportListener listener;
     int released = 0;
+    std::uint64_t answered = 0;
   };
 
   // Ends the refresh under `lock` and tells the listener after unlocking.

@@ -280,5 +280,24 @@ TEST(Refresher, a_handoff_waits_for_a_hung_call_then_offers_the_range_and_the_ta
   EXPECT_TRUE(a->UnheldRanges() == std::vector{Range(0, 9)});
 }
 
+TEST(Refresher, a_round_its_time_limit_ends_with_no_call_run_counts_no_answer) {
+  Rig rig;
+  auto host = HostOwnership::Make(Owner("a"), {Range(0, 9)}, kTtl);
+  ASSERT_TRUE(host.ok());
+  std::vector<Refresher::Task> never_run;  // a wedged pool: tasks queue, none runs
+  Refresher refresher(std::move(host).value(), rig.store, rig.mono,
+                      [&](Refresher::Task task) { never_run.push_back(std::move(task)); });
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(refresher.Start());
+    rig.Advance(kStep);
+    refresher.Tick();
+    // The first at its time limit; the later ones at once (the call still runs).
+    ASSERT_FALSE(refresher.refresh_open()) << "round " << round << " ended";
+  }
+  EXPECT_EQ(refresher.answered(), 0u) << "rounds ended, yet no store call ran";
+  for (auto& task : never_run) task();
+  EXPECT_EQ(refresher.answered(), 1u) << "the one call sent (later rounds wait for it)";
+}
+
 }  // namespace
 }  // namespace fleetfs::lease

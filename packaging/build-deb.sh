@@ -14,8 +14,8 @@
 #                    the packaging test uses the tree it tests
 #   --out DIR        where the .deb goes
 set -euo pipefail
-cd "$(dirname "$0")/.."
-top="$(pwd)"
+# Relative --build-dir and --out are the caller's, resolved before the cd.
+top="$(realpath "$(dirname "$0")/..")"
 build_dir=""
 out="$top"
 while [ $# -gt 0 ]; do
@@ -25,6 +25,8 @@ while [ $# -gt 0 ]; do
     *) echo "build-deb: unknown argument '$1'; usage: build-deb.sh [--build-dir DIR] [--out DIR]" >&2; exit 2 ;;
   esac
 done
+
+cd "$top"
 
 for tool in help2man dpkg-shlibdeps cpack; do
   command -v "$tool" >/dev/null || {

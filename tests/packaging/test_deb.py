@@ -36,9 +36,16 @@ class DebTest(unittest.TestCase):
             raise unittest.SkipTest("FLEETFS_SOURCE_DIR, FLEETFS_BUILD_DIR and FLEETFS_VERSION "
                                     "are set by ctest")
         cls.tmp = tempfile.mkdtemp(prefix="fleetfs-deb-", dir="/tmp")
-        out = run("bash", os.path.join(SOURCE, "packaging", "build-deb.sh"),
-                  "--build-dir", BUILD, "--out", os.path.join(cls.tmp, "out"))
-        cls.deb = out.strip().splitlines()[-1]
+        try:
+            # --out relative to the caller's directory, not the source tree.
+            out = run("bash", os.path.join(SOURCE, "packaging", "build-deb.sh"),
+                      "--build-dir", BUILD, "--out", "out", cwd=cls.tmp)
+            cls.deb = out.strip().splitlines()[-1]
+            if not cls.deb.startswith(os.path.join(cls.tmp, "out") + "/"):
+                raise AssertionError(f"--out out from {cls.tmp} made {cls.deb}")
+        except BaseException:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+            raise
 
     @classmethod
     def tearDownClass(cls):
@@ -51,6 +58,19 @@ class DebTest(unittest.TestCase):
             os.makedirs(os.path.join(admin, d))
         for f in ("status", "available"):
             open(os.path.join(admin, f), "w").close()
+        # dpkg runs the maintainer scripts chrooted into the root: give it a
+        # shell and the tools they use, and no systemd (/run/systemd/system).
+        for tool in ("/bin/sh", "/bin/rm"):
+            self.copy_into_root(tool)
+
+    def copy_into_root(self, path):
+        real = os.path.realpath(path)
+        libs = re.findall(r"(/\S+) \(0x", run("ldd", real))
+        for f, dest in [(real, path)] + [(lib, lib) for lib in libs]:
+            target = self.root + dest
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if not os.path.exists(target):
+                shutil.copy(os.path.realpath(f), target)
 
     def dpkg(self, *args):
         return run("dpkg", f"--root={self.root}", "--force-depends", *args)
@@ -86,6 +106,8 @@ class DebTest(unittest.TestCase):
         paths = {line.split()[-1].lstrip(".") for line in listing.splitlines()}
         for f in FILES:
             self.assertIn(f, paths)
+        self.assertFalse([p for p in paths if p.startswith(("/usr/etc", "/usr/lib/systemd"))],
+                         "the configuration or the unit left under the prefix")
         self.assertEqual(run("dpkg-deb", "-I", self.deb, "conffiles").split(),
                          ["/etc/fleetfs/agent.toml"])
 
@@ -114,6 +136,40 @@ class DebTest(unittest.TestCase):
         self.assertTrue(os.path.exists(conf), "remove keeps the conffile")
         self.dpkg("-P", "fleetfs")
         self.assertFalse(os.path.exists(conf), "purge takes the conffile")
+
+    def test_maintainer_scripts_are_shell_and_run_without_systemd(self):
+        control = os.path.join(self.root, "control")
+        run("dpkg-deb", "-e", self.deb, control)
+        for script in ("postinst", "prerm", "postrm"):
+            path = os.path.join(control, script)
+            self.assertTrue(os.access(path, os.X_OK), f"{script} missing or not executable")
+            subprocess.run(["sh", "-n", path], check=True)
+            with open(path) as f:
+                text = f.read()
+            for line in text.splitlines():
+                if "systemctl" in line and not line.lstrip().startswith("#"):
+                    self.assertIn("/run/systemd/system", text, f"{script}: unguarded systemctl")
+        with open(os.path.join(control, "prerm")) as f:
+            self.assertIn("systemctl stop fleetfs.service", f.read())
+        with open(os.path.join(control, "postinst")) as f:
+            self.assertIn("try-restart fleetfs.service", f.read())
+        # Install, upgrade (the same version again), remove, purge: each runs
+        # the scripts in the root, where systemd does not run.
+        self.dpkg("-i", self.deb)
+        self.dpkg("-i", self.deb)
+        self.dpkg("-r", "fleetfs")
+        self.dpkg("-P", "fleetfs")
+
+    def test_a_plain_install_keeps_to_its_prefix(self):
+        prefix = os.path.join(self.root, "prefix")
+        run("cmake", "--install", BUILD, "--prefix", prefix)
+        with open(os.path.join(BUILD, "install_manifest.txt")) as f:
+            installed = f.read().split()
+        self.assertTrue(installed)
+        for path in installed:
+            self.assertTrue(path.startswith(prefix + "/"), f"installed outside --prefix: {path}")
+        for f in ("bin/fleetfs", "etc/fleetfs/agent.toml", "lib/systemd/system/fleetfs.service"):
+            self.assertTrue(os.path.isfile(os.path.join(prefix, f)), f)
 
     def test_the_man_page_renders_with_every_command(self):
         self.dpkg("-i", self.deb)

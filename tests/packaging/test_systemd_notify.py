@@ -111,6 +111,73 @@ class SystemdNotifyTest(harness.MountTest):
         self.assertTrue(any(line.startswith(f"<6>mounted {a.mount} ") for line in lines),
                         "no info line for the mount")
 
+    def open_db(self, a):
+        tenant = harness.tenants_in(0, 16383, 1)[0]
+        db = sqlite3.connect(os.path.join(a.mount, harness.slots(tenant)[tenant]["tenant_path"]))
+        self.addCleanup(db.close)
+        db.execute("CREATE TABLE IF NOT EXISTS t(x)")
+        db.commit()
+        return db
+
+    def test_a_stop_extends_systemds_timeout_to_its_own_bound(self):
+        # TimeoutStopSec is fixed; at ttl 120s the stop may take
+        # grace + ttl + ttl/3 + ttl/3 = 285s: systemd must be told.
+        a = self.agent(ttl="120s", extra=["--shutdown-grace", "5s"])
+        a.env.update({"NOTIFY_SOCKET": self.sock_path})
+        a.start()
+        self.wait_message(a, lambda m: m == "READY=1", "READY=1")
+        db = self.open_db(a)
+        a.proc.send_signal(signal.SIGTERM)
+        self.wait_message(a, lambda m: m == "STOPPING=1", "STOPPING=1")
+        extend = self.wait_message(a, lambda m: m.startswith("EXTEND_TIMEOUT_USEC="),
+                                   "EXTEND_TIMEOUT_USEC= at the stop")
+        bound_s = 5 + 120 + 40 + 40
+        self.assertGreaterEqual(int(extend.split("=", 1)[1]), bound_s * 1_000_000, self.seen)
+        db.close()
+        self.assertEqual(a.proc.wait(WAIT * 4), 0, a.log_tail())
+
+    def test_an_unread_notify_socket_does_not_stop_the_agent_from_stopping(self):
+        a = self.agent(ttl="3s", extra=["--shutdown-grace", "3s"])
+        a.env.update({"NOTIFY_SOCKET": self.sock_path, "WATCHDOG_USEC": "200000"})
+        a.start()
+        a.wait_states("serving", timeout=WAIT)
+        db = self.open_db(a)
+        # Nobody reads the socket from here: fill its queue as a wedged
+        # manager's would be, so the agent's next message finds it full.
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(filler.close)
+        try:
+            while True:
+                filler.sendto(b"X=1", socket.MSG_DONTWAIT, self.sock_path)
+        except BlockingIOError:
+            pass
+        a.proc.send_signal(signal.SIGTERM)
+        try:
+            code = a.proc.wait(WAIT)
+        except Exception:
+            a.proc.kill()
+            self.fail_with_logs("the agent did not exit at SIGTERM with NOTIFY_SOCKET unread")
+        db.close()
+        self.assertEqual(code, 0, a.log_tail())
+
+    def test_no_ready_while_the_store_has_not_answered(self):
+        # An etcd endpoint that accepts and never answers: every claim times
+        # out, the agent reaches phase serving with nothing served.
+        hole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(hole.close)
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        a = self.agent(ttl="3s")
+        a.store = f"etcd://127.0.0.1:{hole.getsockname()[1]}/fleetfs"
+        a.env.update({"NOTIFY_SOCKET": self.sock_path})
+        a.start()
+        self.wait_message(a, lambda m: m.startswith("STATUS=serving 0 of 1 range"),
+                          "phase serving with nothing served")
+        while "range 0-16383:" not in a.log():  # the failed round is logged
+            self.wait_message(a, lambda m: True, "the failed round")
+        self.assertNotIn("READY=1", self.seen, "READY=1 while the store had not answered")
+        self.assertEqual(a.stop(timeout=WAIT), 0, a.log_tail())
+
     def test_without_notify_socket_the_agent_logs_time_stamps_and_runs_as_before(self):
         a = self.agent(ttl="3s")
         a.env.update({"WATCHDOG_USEC": "1000000"})

@@ -18,6 +18,8 @@ packages=(
   # package's Depends from the linked libraries (dpkg-shlibdeps), and
   # tests/packaging's man page check (man-db)
   help2man dpkg-dev man-db
+  # tests/packaging: systemd-analyze verify of the unit (nothing is started)
+  systemd
   # run time: the FUSE mount helper (fusermount3) and /etc/fuse.conf
   fuse3
   # tests: real clients and servers the tests drive

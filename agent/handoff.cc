@@ -93,10 +93,24 @@ std::string Handoffs::Describe(lease::SlotRange range, const One& h) {
          (h.to ? " to '" + h.to->str() + "'" : std::string(" (released, no target)"));
 }
 
-Status Handoffs::Request(MonoTime now, lease::SlotRange range,
-                         const std::optional<lease::OwnerId>& to,
-                         const std::vector<lease::RangeStatus>& status,
-                         const lease::OwnerId& self) {
+Status CheckControl(const ControlRequest& request, bool keeps_offers, bool replicating) {
+  if (!request.to) return Status::Ok();
+  if (!keeps_offers) {
+    return InvalidArgument("the store keeps no offers, so a handoff to an owner is not possible "
+                           "there; 'fleetfs drain' without --to releases the ranges instead");
+  }
+  if (!replicating) {
+    return InvalidArgument("replication is off (no replica configured), so a handoff to '" +
+                           request.to->str() +
+                           "' would move no data; configure a replica, or release with "
+                           "'fleetfs drain' without --to");
+  }
+  return Status::Ok();
+}
+
+Status Handoffs::Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,
+                       const std::vector<lease::RangeStatus>& status,
+                       const lease::OwnerId& self) const {
   if (to && *to == self) {
     return InvalidArgument("target owner '" + to->str() +
                            "' is this agent; a handoff goes to another owner");
@@ -116,11 +130,48 @@ Status Handoffs::Request(MonoTime now, lease::SlotRange range,
                              " is being handed off already, or was (undo it with "
                              "'fleetfs drain --undo')");
     }
+    if (it->second.job_running) {
+      return InvalidArgument("slot range " + range.ToString() +
+                             ": the previous handoff is still finishing its fences and flush; "
+                             "try again in a moment");
+    }
   }
   if (!configured->serving) {
     return InvalidArgument("slot range " + range.ToString() +
                            " is not served by this agent now; only a served range is handed off");
   }
+  return Status::Ok();
+}
+
+Result<Handoffs::DrainPlan> Handoffs::PlanDrain(const std::optional<lease::OwnerId>& to,
+                                                const std::vector<lease::RangeStatus>& status,
+                                                const lease::OwnerId& self) const {
+  DrainPlan plan;
+  for (const lease::RangeStatus& st : status) {
+    if (st.serving) {
+      FLEETFS_RETURN_IF_ERROR(Check(st.range, to, status, self));
+      plan.hand_off.push_back(st.range);
+    } else if (st.epoch) {
+      return InvalidArgument(
+          "slot range " + st.range.ToString() +
+          " is held but not served now (its renewals fail), so its commits cannot be flushed; "
+          "nothing was started: drain again once it serves, or let its lease lapse");
+    } else if (st.call_running) {
+      return InvalidArgument("slot range " + st.range.ToString() +
+                             " has a store call running; nothing was started: try again in "
+                             "a moment");
+    } else {
+      plan.park.push_back(st.range);
+    }
+  }
+  return plan;
+}
+
+Status Handoffs::Request(MonoTime now, lease::SlotRange range,
+                         const std::optional<lease::OwnerId>& to,
+                         const std::vector<lease::RangeStatus>& status,
+                         const lease::OwnerId& self) {
+  FLEETFS_RETURN_IF_ERROR(Check(range, to, status, self));
   One h;
   h.to = to;
   h.step = StepKind::kDraining;
@@ -137,6 +188,7 @@ void Handoffs::StartStopWork(MonoTime now, lease::SlotRange range, One& h, std::
             " handles still open after the shutdown grace; fencing them");
   }
   h.step = StepKind::kStopWork;
+  h.job_running = true;
   h.stop_deadline = now + options_.flush_limit;
   out.publish = true;
   out.stop_work.push_back(range);
@@ -155,7 +207,9 @@ HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool
   (void)now;
   HandoffActions out;
   auto it = handoffs_.find(range);
-  if (it == handoffs_.end() || it->second.step != StepKind::kStopWork) return out;  // too late
+  if (it == handoffs_.end()) return out;
+  it->second.job_running = false;
+  if (it->second.step != StepKind::kStopWork) return out;  // abandoned: too late
   if (!all_shipped) {
     Abandon(range, it->second, "committed transactions are not all shipped to the replica", out);
     return out;
@@ -248,7 +302,8 @@ std::vector<lease::SlotRange> Handoffs::Undo() {
   for (auto it = handoffs_.begin(); it != handoffs_.end();) {
     if (it->second.step == StepKind::kDone || it->second.step == StepKind::kAbandoned) {
       out.push_back(it->first);
-      it = handoffs_.erase(it);
+      // Kept while its job runs, so a new handoff waits for that job.
+      it = it->second.job_running ? std::next(it) : handoffs_.erase(it);
     } else {
       ++it;
     }
@@ -260,6 +315,7 @@ bool Handoffs::Forget(lease::SlotRange range) {
   auto it = handoffs_.find(range);
   if (it == handoffs_.end()) return true;
   if (it->second.step != StepKind::kDone && it->second.step != StepKind::kAbandoned) return false;
+  if (it->second.job_running) return false;
   handoffs_.erase(it);
   return true;
 }

@@ -56,6 +56,12 @@ struct ControlRequest {
 Result<ControlRequest> ParseControlRequest(std::string_view text);
 std::string FormatControlRequest(const ControlRequest& request);
 
+// Whether this agent can carry out `request` at all. A handoff to an owner
+// needs a store that keeps offers and a replica: without replication the
+// target would restore nothing, so "handed off" would move no data. A drain
+// with no target (release only) is allowed without a replica.
+Status CheckControl(const ControlRequest& request, bool keeps_offers, bool replicating);
+
 struct HandoffOptions {
   Millis shutdown_grace{5000};
   // The stop work (fences and flush) gets this long; then the handoff is
@@ -115,7 +121,22 @@ class Handoffs {
     return out;
   }
 
-  // The fences and the flush of `range` ended.
+  // What `fleetfs drain` does, decided before anything starts (all or
+  // nothing): the served ranges are handed off, the ranges not held are
+  // parked. Refused when any range is held but not served (its renewals
+  // fail): its commits cannot be flushed now, and releasing it unshipped
+  // would lose them; it is handed off once served again, or left to lapse.
+  struct DrainPlan {
+    std::vector<lease::SlotRange> hand_off;
+    std::vector<lease::SlotRange> park;
+  };
+  Result<DrainPlan> PlanDrain(const std::optional<lease::OwnerId>& to,
+                              const std::vector<lease::RangeStatus>& status,
+                              const lease::OwnerId& self) const;
+
+  // The fences and the flush of `range` ended. At most one stop-work job
+  // per range exists (Request refuses while an abandoned handoff's job
+  // still runs), so the result is the current handoff's.
   HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped);
   // HostOwnership::StartHandoff said wait: ask again at the next step.
   HandoffActions ReleaseWaits(MonoTime now, lease::SlotRange range);
@@ -145,8 +166,13 @@ class Handoffs {
     MonoTime drain_deadline{};
     MonoTime stop_deadline{};
     std::string note;
+    // The fences-and-flush job on the pool has not reported yet; it may
+    // outlive an abandoned handoff.
+    bool job_running = false;
   };
 
+  Status Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,
+               const std::vector<lease::RangeStatus>& status, const lease::OwnerId& self) const;
   void StartStopWork(MonoTime now, lease::SlotRange range, One& h, std::size_t open,
                      HandoffActions& out);
   void Abandon(lease::SlotRange range, One& h, std::string why, HandoffActions& out);

@@ -89,6 +89,59 @@ TEST_F(HandoffsTest, stop_work_past_its_limit_abandons_the_handoff) {
   EXPECT_TRUE(handoffs_.StopWorkDone(At(20'001), Range(0, 99), true).release.empty());
 }
 
+TEST_F(HandoffsTest, a_stale_stop_work_of_an_abandoned_handoff_never_releases_a_later_one) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  ASSERT_EQ(Step(0).stop_work, (std::vector{Range(0, 99)}));
+  Step(20'000);  // abandoned; its job still runs on the pool
+  // A new handoff waits for the old job: one job per range at a time.
+  const Status again = handoffs_.Request(At(20'001), Range(0, 99), Owner("b"), status_, Owner("a"));
+  EXPECT_NE(again.message().find("the previous handoff is still finishing"), std::string::npos)
+      << again.message();
+  EXPECT_TRUE(Step(20'001).stop_work.empty());
+  // The old job's late result: nothing is released, before any new fence.
+  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'002), Range(0, 99), true).release.empty());
+  EXPECT_TRUE(handoffs_.Undo().size() == 1);
+  // Now a new handoff runs its own fence and flush before any release.
+  ASSERT_TRUE(handoffs_.Request(At(20'003), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  EXPECT_EQ(Step(20'003).stop_work, (std::vector{Range(0, 99)}));
+  EXPECT_EQ(handoffs_.StopWorkDone(At(20'010), Range(0, 99), true).release,
+            (std::vector{Range(0, 99)}));
+}
+
+TEST_F(HandoffsTest, undo_keeps_an_abandoned_handoff_whose_job_still_runs) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  Step(20'000);
+  handoffs_.Undo();
+  EXPECT_FALSE(handoffs_.Request(At(20'001), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  EXPECT_FALSE(handoffs_.Forget(Range(0, 99)));
+}
+
+TEST_F(HandoffsTest, a_drain_never_releases_a_held_range_that_is_not_served) {
+  lease::RangeStatus held_not_serving = Served(Range(100, 199), false);
+  held_not_serving.epoch = lease::Epoch(3);  // renewals fail: held, not served
+  status_[1] = held_not_serving;
+  auto plan = handoffs_.PlanDrain(Owner("b"), status_, Owner("a"));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("held but not served now"), std::string::npos);
+  EXPECT_TRUE(handoffs_.draining().empty()) << "nothing started";
+  // Not held at all: parked, nothing to release.
+  status_[1] = Served(Range(100, 199), false);
+  plan = handoffs_.PlanDrain(std::nullopt, status_, Owner("a"));
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->hand_off, (std::vector{Range(0, 99)}));
+  EXPECT_EQ(plan->park, (std::vector{Range(100, 199)}));
+}
+
+TEST(ControlRequest, a_handoff_to_an_owner_needs_a_replica_and_a_release_does_not) {
+  ControlRequest to_b = *ParseControlRequest("drain b");
+  const Status refused = CheckControl(to_b, /*keeps_offers=*/true, /*replicating=*/false);
+  EXPECT_NE(refused.message().find("replication is off"), std::string::npos) << refused.message();
+  EXPECT_TRUE(CheckControl(to_b, true, true).ok());
+  EXPECT_FALSE(CheckControl(to_b, false, true).ok());
+  EXPECT_TRUE(CheckControl(*ParseControlRequest("drain -"), false, false).ok());
+}
+
 TEST_F(HandoffsTest, a_release_that_must_wait_for_a_running_call_is_asked_again_at_the_next_step) {
   ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   Step(0);

@@ -78,7 +78,7 @@ class Agent {
       : config_(config),
         lifecycle_(LifecycleOptions{config.ttl, config.shutdown_grace}),
         backing_watch_(BackingWatchOptions{config.backing}),
-        handoffs_(HandoffOptions{config.shutdown_grace, config.ttl * 2 / 3}),
+        handoffs_(HandoffOptions{config.shutdown_grace, config.ttl * 2 / 3, config.ttl}),
         offer_watch_(kOfferPoll) {}
   int Run(std::ostream& err);
 
@@ -582,6 +582,17 @@ void Agent::StartOfferRead() {
         }
         spdlog::info("range {} is offered to this agent: claiming it now", r.ToString());
         claim_now_ = true;
+      }
+      if (table.ok()) {
+        std::vector<LogLine> log;
+        const std::vector<SlotRange> back =
+            handoffs_.OffersNotTaken(mono_.Now(), *table, refresher_->owner(), store_now, log);
+        HandoffActions actions;
+        actions.log = std::move(log);
+        actions.publish = !back.empty();
+        for (SlotRange r : back) refresher_->Unpark(r);
+        if (!back.empty()) claim_now_ = true;
+        ApplyHandoff(std::move(actions));
       }
     });
   });

@@ -232,7 +232,6 @@ HandoffActions Handoffs::ReleaseWaits(MonoTime now, lease::SlotRange range) {
 
 HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sent,
                                   const Result<bool>& answer) {
-  (void)now;
   HandoffActions out;
   auto it = handoffs_.find(range);
   if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
@@ -250,6 +249,7 @@ HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sen
     h.note = "the store no longer held the range for this agent at its epoch";
   } else {
     h.note = h.to ? "offered to '" + h.to->str() + "'" : "released";
+    if (h.to) h.offer_end = now + options_.offer_window;
   }
   Log(out, LogLine::Level::kInfo, Describe(range, h) + ": done, " + h.note);
   return out;
@@ -311,6 +311,37 @@ std::vector<lease::SlotRange> Handoffs::Undo() {
   return out;
 }
 
+std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
+                                                       const lease::OwnershipTable& table,
+                                                       const lease::OwnerId& self,
+                                                       std::int64_t store_now,
+                                                       std::vector<LogLine>& log) {
+  std::vector<lease::SlotRange> out;
+  for (auto it = handoffs_.begin(); it != handoffs_.end();) {
+    const One& h = it->second;
+    bool lapsed = false;
+    if (h.step == StepKind::kDone && h.offer_end && now >= *h.offer_end) {
+      for (const lease::OwnershipRow& row : table.rows()) {
+        if (row.range == it->first && row.owner == self && row.lease_expires_ms <= store_now &&
+            !(row.offered_to && row.offer_expires_ms > store_now)) {
+          lapsed = true;
+        }
+      }
+    }
+    if (!lapsed) {
+      ++it;
+      continue;
+    }
+    log.push_back(LogLine{LogLine::Level::kWarn,
+                          Describe(it->first, h) + ": nobody took the offer within " +
+                              FormatMs(options_.offer_window) +
+                              "; claiming the range again"});
+    out.push_back(it->first);
+    it = handoffs_.erase(it);
+  }
+  return out;
+}
+
 bool Handoffs::Forget(lease::SlotRange range) {
   auto it = handoffs_.find(range);
   if (it == handoffs_.end()) return true;
@@ -339,13 +370,32 @@ std::vector<lease::SlotRange> OfferWatch::Answered(const Result<lease::Ownership
   reading_ = false;
   std::vector<lease::SlotRange> offered;
   if (!table.ok()) return offered;  // the refresh reports a failing store
+  const auto& rows = table->rows();
+  auto standing = [&](const lease::OwnershipRow& row) {
+    return row.offered_to && *row.offered_to == self && row.offer_expires_ms > store_now &&
+           row.lease_expires_ms <= store_now;
+  };
+  std::set<std::pair<lease::SlotRange, lease::Epoch>> still;
+  for (const lease::OwnershipRow& row : rows) {
+    if (standing(row)) still.insert({row.range, row.epoch});
+  }
+  // Offers gone from the store are forgotten; the rest are reported once.
+  std::erase_if(reported_, [&](const auto& key) { return still.count(key) == 0; });
   for (lease::SlotRange range : unheld) {
-    for (const lease::OwnershipRow& row : table->rows()) {
-      if (row.range.Overlaps(range) && row.offered_to && *row.offered_to == self &&
-          row.offer_expires_ms > store_now && row.lease_expires_ms <= store_now) {
-        offered.push_back(range);
-        break;
+    for (const lease::OwnershipRow& row : rows) {
+      if (!standing(row)) continue;
+      const bool inside = range.first() <= row.range.first() && row.range.last() <= range.last();
+      if (!inside) continue;
+      if (row.range != range) {
+        const bool other_live = std::any_of(rows.begin(), rows.end(), [&](const auto& other) {
+          return !(other.range == row.range) && other.range.Overlaps(range) &&
+                 (other.lease_expires_ms > store_now || other.OfferedAwayFrom(self, store_now));
+        });
+        if (other_live) continue;
       }
+      if (!reported_.insert({row.range, row.epoch}).second) continue;
+      offered.push_back(range);
+      break;
     }
   }
   return offered;

@@ -67,6 +67,8 @@ struct HandoffOptions {
   // The stop work (fences and flush) gets this long; then the handoff is
   // abandoned and the range served again. Two refresh intervals by default.
   Millis flush_limit{20000};
+  // How long an offer stands (the lease ttl).
+  Millis offer_window{30000};
 };
 
 struct HandoffActions {
@@ -154,6 +156,14 @@ class Handoffs {
   // `fleetfs drain --undo`: forget the finished handoffs (the caller
   // unparks their ranges). Running ones go on.
   std::vector<lease::SlotRange> Undo();
+  // The offer windows that ended unclaimed, per a read of the store at
+  // store time `store_now`: the row of the range is still this agent's,
+  // lapsed, with no offer standing. Their handoffs are forgotten (logged);
+  // the caller unparks the ranges and claims them the normal way.
+  std::vector<lease::SlotRange> OffersNotTaken(MonoTime now, const lease::OwnershipTable& table,
+                                               const lease::OwnerId& self,
+                                               std::int64_t store_now,
+                                               std::vector<LogLine>& log);
   // The range was offered back to this agent: forget its finished handoff
   // (the caller unparks it and claims). False while one still runs.
   bool Forget(lease::SlotRange range);
@@ -169,6 +179,8 @@ class Handoffs {
     // The fences-and-flush job on the pool has not reported yet; it may
     // outlive an abandoned handoff.
     bool job_running = false;
+    // Set when the store took the offer: the window ends then.
+    std::optional<MonoTime> offer_end;
   };
 
   Status Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,
@@ -197,8 +209,11 @@ class OfferWatch {
   bool Due(MonoTime now, const std::vector<lease::SlotRange>& unheld);
   // When Due may next say yes (max when nothing is watched).
   MonoTime next(const std::vector<lease::SlotRange>& unheld) const;
-  // The read sent at Due answered: the ranges of `unheld` whose rows stand
-  // offered to `self` at store time `store_now`.
+  // The read sent at Due answered: the ranges of `unheld` with an offer to
+  // `self` standing at store time `store_now`, whose row is exactly that
+  // range (or inside it with no other live row or offer in the range; a
+  // claim of a bigger range would be refused by that row, every poll).
+  // Each offer (row range and epoch) is reported once.
   std::vector<lease::SlotRange> Answered(const Result<lease::OwnershipTable>& table,
                                          const std::vector<lease::SlotRange>& unheld,
                                          const lease::OwnerId& self, std::int64_t store_now);
@@ -207,6 +222,7 @@ class OfferWatch {
   Millis interval_;
   bool reading_ = false;
   MonoTime last_{};
+  std::set<std::pair<lease::SlotRange, lease::Epoch>> reported_;
 };
 
 }  // namespace fleetfs::agent

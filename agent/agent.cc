@@ -389,10 +389,22 @@ vfs::MountOptions::ControlReply Agent::Control(std::string_view text) {
   }
   auto answer = std::make_shared<std::promise<vfs::MountOptions::ControlReply>>();
   std::future<vfs::MountOptions::ControlReply> future = answer->get_future();
-  OnLoop([this, request = *parsed, answer] { answer->set_value(HandleControl(request)); });
+  // 0 queued, 1 taken by the loop, 2 given up by the caller: a request the
+  // caller was told to try again never runs later; one the loop has taken
+  // is waited for, so the reply says what happened.
+  auto state = std::make_shared<std::atomic<int>>(0);
+  OnLoop([this, request = *parsed, answer, state] {
+    int queued = 0;
+    if (!state->compare_exchange_strong(queued, 1)) return;
+    answer->set_value(HandleControl(request));
+  });
   if (future.wait_for(kControlAnswer) != std::future_status::ready) {
-    return {false, "error: the agent's loop did not answer within " +
-                       lease::FormatDuration(kControlAnswer) + "; try again\n"};
+    int queued = 0;
+    if (state->compare_exchange_strong(queued, 2)) {
+      return {false, "error: the agent's loop did not answer within " +
+                         lease::FormatDuration(kControlAnswer) +
+                         "; the request was dropped, nothing started: try again\n"};
+    }
   }
   return future.get();
 }

@@ -85,7 +85,7 @@ class Agent {
       : config_(config),
         lifecycle_(LifecycleOptions{config.ttl, config.shutdown_grace}),
         backing_watch_(BackingWatchOptions{config.backing}),
-        handoffs_(HandoffOptions{config.shutdown_grace, config.ttl * 2 / 3}),
+        handoffs_(HandoffOptions{config.shutdown_grace, config.ttl * 2 / 3, config.ttl}),
         offer_watch_(kOfferPoll) {}
   int Run(std::ostream& err);
 
@@ -115,7 +115,8 @@ class Agent {
     uv_work_t req{};
     Agent* agent = nullptr;
     SlotRange range = SlotRange::All();
-    Millis flush_limit{0};
+    // Set when queued: a busy pool must not start the limit late.
+    MonoTime flush_deadline{};
     bool all_shipped = true;  // written on the pool, read after it
   };
 
@@ -410,10 +411,22 @@ vfs::MountOptions::ControlReply Agent::Control(std::string_view text) {
   }
   auto answer = std::make_shared<std::promise<vfs::MountOptions::ControlReply>>();
   std::future<vfs::MountOptions::ControlReply> future = answer->get_future();
-  OnLoop([this, request = *parsed, answer] { answer->set_value(HandleControl(request)); });
+  // 0 queued, 1 taken by the loop, 2 given up by the caller: a request the
+  // caller was told to try again never runs later; one the loop has taken
+  // is waited for, so the reply says what happened.
+  auto state = std::make_shared<std::atomic<int>>(0);
+  OnLoop([this, request = *parsed, answer, state] {
+    int queued = 0;
+    if (!state->compare_exchange_strong(queued, 1)) return;
+    answer->set_value(HandleControl(request));
+  });
   if (future.wait_for(kControlAnswer) != std::future_status::ready) {
-    return {false, "error: the agent's loop did not answer within " +
-                       lease::FormatDuration(kControlAnswer) + "; try again\n"};
+    int queued = 0;
+    if (state->compare_exchange_strong(queued, 2)) {
+      return {false, "error: the agent's loop did not answer within " +
+                         lease::FormatDuration(kControlAnswer) +
+                         "; the request was dropped, nothing started: try again\n"};
+    }
   }
   return future.get();
 }
@@ -444,10 +457,10 @@ vfs::MountOptions::ControlReply Agent::HandleControl(const ControlRequest& reque
     }
     case ControlRequest::Verb::kHandoff:
     case ControlRequest::Verb::kDrain: {
-      if (request.to && !refresher_->store().keeps_offers()) {
-        return refuse("the store " + refresher_->store().url() +
-                      " keeps no offers, so a handoff to an owner is not possible there; "
-                      "'fleetfs drain' without --to releases the ranges instead");
+      if (const Status ok = CheckControl(request, refresher_->store().keeps_offers(),
+                                         replicator_ != nullptr);
+          !ok.ok()) {
+        return refuse(ok.message() + " (store " + refresher_->store().url() + ")");
       }
       if (request.verb == ControlRequest::Verb::kHandoff) {
         const Status ok = handoffs_.Request(now, *request.range, request.to, status,
@@ -455,26 +468,27 @@ vfs::MountOptions::ControlReply Agent::HandleControl(const ControlRequest& reque
         if (!ok.ok()) return refuse(ok.message());
         started.push_back(*request.range);
       } else {
-        for (const auto& st : status) {
-          if (!st.serving) {
-            // Not served here: parked at once, so it is not claimed until undone.
-            if (!refresher_->parked(st.range)) {
-              const SlotRange range = st.range;
-              auto parked = refresher_->StartHandoff(range, std::nullopt, [range](Result<bool> r) {
-                if (!r.ok()) spdlog::warn("drain: release of range {}: {}", range.ToString(),
-                                          r.status().message());
-              });
-              if (parked.ok() && *parked == lease::Refresher::HandoffSend::kWait) {
-                return refuse("range " + range.ToString() +
-                              " has a store call running; try again in a moment");
-              }
-            }
-            continue;
+        // Everything is checked before anything starts: a refused drain
+        // leaves no range handing off.
+        auto plan = handoffs_.PlanDrain(request.to, status, refresher_->owner());
+        if (!plan.ok()) return refuse(plan.status().message());
+        std::vector<SlotRange> parked_now;
+        for (SlotRange range : plan->park) {
+          // Not held here: parked, so it is not claimed until undone. Only
+          // if still not held and no call is out (an answer may have come).
+          if (refresher_->parked(range)) continue;
+          if (!refresher_->ParkUnheld(range)) {
+            for (SlotRange r : parked_now) refresher_->Unpark(r);
+            return refuse("range " + range.ToString() +
+                          " changed while the drain started (a store call answered); nothing "
+                          "was started: try again in a moment");
           }
-          const Status ok = handoffs_.Request(now, st.range, request.to, status,
-                                              refresher_->owner());
-          if (!ok.ok()) return refuse(ok.message());
-          started.push_back(st.range);
+          parked_now.push_back(range);
+        }
+        for (SlotRange range : plan->hand_off) {
+          const Status ok = handoffs_.Request(now, range, request.to, status, refresher_->owner());
+          if (!ok.ok()) return refuse(ok.message());  // checked by PlanDrain: not reached
+          started.push_back(range);
         }
       }
       std::string ranges;
@@ -530,7 +544,7 @@ void Agent::StartRangeStopWork(SlotRange range) {
   work->agent = this;
   work->range = range;
   work->req.data = work;
-  work->flush_limit = config_.ttl * 2 / 3;
+  work->flush_deadline = mono_.Now() + config_.ttl * 2 / 3;
   ++work_in_flight_;
   uv_queue_work(
       &loop_, &work->req,
@@ -539,8 +553,8 @@ void Agent::StartRangeStopWork(SlotRange range) {
         Agent* agent = w->agent;
         if (agent->fs_) agent->fs_->WaitForFences();
         if (agent->replicator_) {
-          w->all_shipped = agent->replicator_->FlushRange(
-              agent->mono_.Now() + w->flush_limit, w->range.first(), w->range.last());
+          w->all_shipped = agent->replicator_->FlushRange(w->flush_deadline, w->range.first(),
+                                                          w->range.last());
         }
       },
       [](uv_work_t* req, int) {
@@ -602,6 +616,17 @@ void Agent::StartOfferRead() {
         }
         spdlog::info("range {} is offered to this agent: claiming it now", r.ToString());
         claim_now_ = true;
+      }
+      if (table.ok()) {
+        std::vector<LogLine> log;
+        const std::vector<SlotRange> back =
+            handoffs_.OffersNotTaken(mono_.Now(), *table, refresher_->owner(), store_now, log);
+        HandoffActions actions;
+        actions.log = std::move(log);
+        actions.publish = !back.empty();
+        for (SlotRange r : back) refresher_->Unpark(r);
+        if (!back.empty()) claim_now_ = true;
+        ApplyHandoff(std::move(actions));
       }
     });
   });

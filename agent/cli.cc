@@ -832,7 +832,9 @@ that handed a range off does not claim it again unless it is offered back to
 it (a handoff back), 'fleetfs drain --undo' is run, or it restarts. A
 handoff whose commits cannot all be shipped in time is abandoned: the agent
 serves the range again, and this command exits 1. Needs a store that keeps
-offers (sqlite://).
+offers and a replica: without replication a handoff would move no data, so
+it is refused. An offer OWNER does not take within one ttl ends, and the
+agent that offered the range claims it again.
 
 EXIT STATUS
   0 the target holds the range   1 not running, refused, or abandoned
@@ -846,8 +848,10 @@ EXAMPLES
 constexpr const char* kDrainFooter = R"(
 Maintenance: hands every range the agent serves to --to OWNER (as 'fleetfs
 handoff' does, all its ranges at once), or, with no --to, releases
-them all so that any agent may claim them. The ranges it does not serve are
-parked too. A drained agent claims none of its ranges again until
+them all so that any agent may claim them; the release alone needs no
+replica, --to does. The ranges it does not hold are parked too. Every range
+is checked before any starts: a range held but not served (its renewals
+fail) refuses the drain, as its commits cannot be flushed. A drained agent claims none of its ranges again until
 'fleetfs drain --undo' (or a restart, or a handoff back to it); it keeps
 running, mounted, serving nothing. Exit status as for 'fleetfs handoff'.
 

@@ -93,10 +93,24 @@ std::string Handoffs::Describe(lease::SlotRange range, const One& h) {
          (h.to ? " to '" + h.to->str() + "'" : std::string(" (released, no target)"));
 }
 
-Status Handoffs::Request(MonoTime now, lease::SlotRange range,
-                         const std::optional<lease::OwnerId>& to,
-                         const std::vector<lease::RangeStatus>& status,
-                         const lease::OwnerId& self) {
+Status CheckControl(const ControlRequest& request, bool keeps_offers, bool replicating) {
+  if (!request.to) return Status::Ok();
+  if (!keeps_offers) {
+    return InvalidArgument("the store keeps no offers, so a handoff to an owner is not possible "
+                           "there; 'fleetfs drain' without --to releases the ranges instead");
+  }
+  if (!replicating) {
+    return InvalidArgument("replication is off (no replica configured), so a handoff to '" +
+                           request.to->str() +
+                           "' would move no data; configure a replica, or release with "
+                           "'fleetfs drain' without --to");
+  }
+  return Status::Ok();
+}
+
+Status Handoffs::Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,
+                       const std::vector<lease::RangeStatus>& status,
+                       const lease::OwnerId& self) const {
   if (to && *to == self) {
     return InvalidArgument("target owner '" + to->str() +
                            "' is this agent; a handoff goes to another owner");
@@ -116,11 +130,48 @@ Status Handoffs::Request(MonoTime now, lease::SlotRange range,
                              " is being handed off already, or was (undo it with "
                              "'fleetfs drain --undo')");
     }
+    if (it->second.job_running) {
+      return InvalidArgument("slot range " + range.ToString() +
+                             ": the previous handoff is still finishing its fences and flush; "
+                             "try again in a moment");
+    }
   }
   if (!configured->serving) {
     return InvalidArgument("slot range " + range.ToString() +
                            " is not served by this agent now; only a served range is handed off");
   }
+  return Status::Ok();
+}
+
+Result<Handoffs::DrainPlan> Handoffs::PlanDrain(const std::optional<lease::OwnerId>& to,
+                                                const std::vector<lease::RangeStatus>& status,
+                                                const lease::OwnerId& self) const {
+  DrainPlan plan;
+  for (const lease::RangeStatus& st : status) {
+    if (st.serving) {
+      FLEETFS_RETURN_IF_ERROR(Check(st.range, to, status, self));
+      plan.hand_off.push_back(st.range);
+    } else if (st.epoch) {
+      return InvalidArgument(
+          "slot range " + st.range.ToString() +
+          " is held but not served now (its renewals fail), so its commits cannot be flushed; "
+          "nothing was started: drain again once it serves, or let its lease lapse");
+    } else if (st.call_running) {
+      return InvalidArgument("slot range " + st.range.ToString() +
+                             " has a store call running; nothing was started: try again in "
+                             "a moment");
+    } else {
+      plan.park.push_back(st.range);
+    }
+  }
+  return plan;
+}
+
+Status Handoffs::Request(MonoTime now, lease::SlotRange range,
+                         const std::optional<lease::OwnerId>& to,
+                         const std::vector<lease::RangeStatus>& status,
+                         const lease::OwnerId& self) {
+  FLEETFS_RETURN_IF_ERROR(Check(range, to, status, self));
   One h;
   h.to = to;
   h.step = StepKind::kDraining;
@@ -137,6 +188,7 @@ void Handoffs::StartStopWork(MonoTime now, lease::SlotRange range, One& h, std::
             " handles still open after the shutdown grace; fencing them");
   }
   h.step = StepKind::kStopWork;
+  h.job_running = true;
   h.stop_deadline = now + options_.flush_limit;
   out.publish = true;
   out.stop_work.push_back(range);
@@ -155,7 +207,9 @@ HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool
   (void)now;
   HandoffActions out;
   auto it = handoffs_.find(range);
-  if (it == handoffs_.end() || it->second.step != StepKind::kStopWork) return out;  // too late
+  if (it == handoffs_.end()) return out;
+  it->second.job_running = false;
+  if (it->second.step != StepKind::kStopWork) return out;  // abandoned: too late
   if (!all_shipped) {
     Abandon(range, it->second, "committed transactions are not all shipped to the replica", out);
     return out;
@@ -178,7 +232,6 @@ HandoffActions Handoffs::ReleaseWaits(MonoTime now, lease::SlotRange range) {
 
 HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sent,
                                   const Result<bool>& answer) {
-  (void)now;
   HandoffActions out;
   auto it = handoffs_.find(range);
   if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
@@ -196,6 +249,7 @@ HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sen
     h.note = "the store no longer held the range for this agent at its epoch";
   } else {
     h.note = h.to ? "offered to '" + h.to->str() + "'" : "released";
+    if (h.to) h.offer_end = now + options_.offer_window;
   }
   Log(out, LogLine::Level::kInfo, Describe(range, h) + ": done, " + h.note);
   return out;
@@ -248,10 +302,42 @@ std::vector<lease::SlotRange> Handoffs::Undo() {
   for (auto it = handoffs_.begin(); it != handoffs_.end();) {
     if (it->second.step == StepKind::kDone || it->second.step == StepKind::kAbandoned) {
       out.push_back(it->first);
-      it = handoffs_.erase(it);
+      // Kept while its job runs, so a new handoff waits for that job.
+      it = it->second.job_running ? std::next(it) : handoffs_.erase(it);
     } else {
       ++it;
     }
+  }
+  return out;
+}
+
+std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
+                                                       const lease::OwnershipTable& table,
+                                                       const lease::OwnerId& self,
+                                                       std::int64_t store_now,
+                                                       std::vector<LogLine>& log) {
+  std::vector<lease::SlotRange> out;
+  for (auto it = handoffs_.begin(); it != handoffs_.end();) {
+    const One& h = it->second;
+    bool lapsed = false;
+    if (h.step == StepKind::kDone && h.offer_end && now >= *h.offer_end) {
+      for (const lease::OwnershipRow& row : table.rows()) {
+        if (row.range == it->first && row.owner == self && row.lease_expires_ms <= store_now &&
+            !(row.offered_to && row.offer_expires_ms > store_now)) {
+          lapsed = true;
+        }
+      }
+    }
+    if (!lapsed) {
+      ++it;
+      continue;
+    }
+    log.push_back(LogLine{LogLine::Level::kWarn,
+                          Describe(it->first, h) + ": nobody took the offer within " +
+                              FormatMs(options_.offer_window) +
+                              "; claiming the range again"});
+    out.push_back(it->first);
+    it = handoffs_.erase(it);
   }
   return out;
 }
@@ -260,6 +346,7 @@ bool Handoffs::Forget(lease::SlotRange range) {
   auto it = handoffs_.find(range);
   if (it == handoffs_.end()) return true;
   if (it->second.step != StepKind::kDone && it->second.step != StepKind::kAbandoned) return false;
+  if (it->second.job_running) return false;
   handoffs_.erase(it);
   return true;
 }
@@ -283,13 +370,32 @@ std::vector<lease::SlotRange> OfferWatch::Answered(const Result<lease::Ownership
   reading_ = false;
   std::vector<lease::SlotRange> offered;
   if (!table.ok()) return offered;  // the refresh reports a failing store
+  const auto& rows = table->rows();
+  auto standing = [&](const lease::OwnershipRow& row) {
+    return row.offered_to && *row.offered_to == self && row.offer_expires_ms > store_now &&
+           row.lease_expires_ms <= store_now;
+  };
+  std::set<std::pair<lease::SlotRange, lease::Epoch>> still;
+  for (const lease::OwnershipRow& row : rows) {
+    if (standing(row)) still.insert({row.range, row.epoch});
+  }
+  // Offers gone from the store are forgotten; the rest are reported once.
+  std::erase_if(reported_, [&](const auto& key) { return still.count(key) == 0; });
   for (lease::SlotRange range : unheld) {
-    for (const lease::OwnershipRow& row : table->rows()) {
-      if (row.range.Overlaps(range) && row.offered_to && *row.offered_to == self &&
-          row.offer_expires_ms > store_now && row.lease_expires_ms <= store_now) {
-        offered.push_back(range);
-        break;
+    for (const lease::OwnershipRow& row : rows) {
+      if (!standing(row)) continue;
+      const bool inside = range.first() <= row.range.first() && row.range.last() <= range.last();
+      if (!inside) continue;
+      if (row.range != range) {
+        const bool other_live = std::any_of(rows.begin(), rows.end(), [&](const auto& other) {
+          return !(other.range == row.range) && other.range.Overlaps(range) &&
+                 (other.lease_expires_ms > store_now || other.OfferedAwayFrom(self, store_now));
+        });
+        if (other_live) continue;
       }
+      if (!reported_.insert({row.range, row.epoch}).second) continue;
+      offered.push_back(range);
+      break;
     }
   }
   return offered;

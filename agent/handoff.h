@@ -56,11 +56,19 @@ struct ControlRequest {
 Result<ControlRequest> ParseControlRequest(std::string_view text);
 std::string FormatControlRequest(const ControlRequest& request);
 
+// Whether this agent can carry out `request` at all. A handoff to an owner
+// needs a store that keeps offers and a replica: without replication the
+// target would restore nothing, so "handed off" would move no data. A drain
+// with no target (release only) is allowed without a replica.
+Status CheckControl(const ControlRequest& request, bool keeps_offers, bool replicating);
+
 struct HandoffOptions {
   Millis shutdown_grace{5000};
   // The stop work (fences and flush) gets this long; then the handoff is
   // abandoned and the range served again. Two refresh intervals by default.
   Millis flush_limit{20000};
+  // How long an offer stands (the lease ttl).
+  Millis offer_window{30000};
 };
 
 struct HandoffActions {
@@ -115,7 +123,22 @@ class Handoffs {
     return out;
   }
 
-  // The fences and the flush of `range` ended.
+  // What `fleetfs drain` does, decided before anything starts (all or
+  // nothing): the served ranges are handed off, the ranges not held are
+  // parked. Refused when any range is held but not served (its renewals
+  // fail): its commits cannot be flushed now, and releasing it unshipped
+  // would lose them; it is handed off once served again, or left to lapse.
+  struct DrainPlan {
+    std::vector<lease::SlotRange> hand_off;
+    std::vector<lease::SlotRange> park;
+  };
+  Result<DrainPlan> PlanDrain(const std::optional<lease::OwnerId>& to,
+                              const std::vector<lease::RangeStatus>& status,
+                              const lease::OwnerId& self) const;
+
+  // The fences and the flush of `range` ended. At most one stop-work job
+  // per range exists (Request refuses while an abandoned handoff's job
+  // still runs), so the result is the current handoff's.
   HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped);
   // HostOwnership::StartHandoff said wait: ask again at the next step.
   HandoffActions ReleaseWaits(MonoTime now, lease::SlotRange range);
@@ -133,6 +156,14 @@ class Handoffs {
   // `fleetfs drain --undo`: forget the finished handoffs (the caller
   // unparks their ranges). Running ones go on.
   std::vector<lease::SlotRange> Undo();
+  // The offer windows that ended unclaimed, per a read of the store at
+  // store time `store_now`: the row of the range is still this agent's,
+  // lapsed, with no offer standing. Their handoffs are forgotten (logged);
+  // the caller unparks the ranges and claims them the normal way.
+  std::vector<lease::SlotRange> OffersNotTaken(MonoTime now, const lease::OwnershipTable& table,
+                                               const lease::OwnerId& self,
+                                               std::int64_t store_now,
+                                               std::vector<LogLine>& log);
   // The range was offered back to this agent: forget its finished handoff
   // (the caller unparks it and claims). False while one still runs.
   bool Forget(lease::SlotRange range);
@@ -145,8 +176,15 @@ class Handoffs {
     MonoTime drain_deadline{};
     MonoTime stop_deadline{};
     std::string note;
+    // The fences-and-flush job on the pool has not reported yet; it may
+    // outlive an abandoned handoff.
+    bool job_running = false;
+    // Set when the store took the offer: the window ends then.
+    std::optional<MonoTime> offer_end;
   };
 
+  Status Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,
+               const std::vector<lease::RangeStatus>& status, const lease::OwnerId& self) const;
   void StartStopWork(MonoTime now, lease::SlotRange range, One& h, std::size_t open,
                      HandoffActions& out);
   void Abandon(lease::SlotRange range, One& h, std::string why, HandoffActions& out);
@@ -171,8 +209,11 @@ class OfferWatch {
   bool Due(MonoTime now, const std::vector<lease::SlotRange>& unheld);
   // When Due may next say yes (max when nothing is watched).
   MonoTime next(const std::vector<lease::SlotRange>& unheld) const;
-  // The read sent at Due answered: the ranges of `unheld` whose rows stand
-  // offered to `self` at store time `store_now`.
+  // The read sent at Due answered: the ranges of `unheld` with an offer to
+  // `self` standing at store time `store_now`, whose row is exactly that
+  // range (or inside it with no other live row or offer in the range; a
+  // claim of a bigger range would be refused by that row, every poll).
+  // Each offer (row range and epoch) is reported once.
   std::vector<lease::SlotRange> Answered(const Result<lease::OwnershipTable>& table,
                                          const std::vector<lease::SlotRange>& unheld,
                                          const lease::OwnerId& self, std::int64_t store_now);
@@ -181,6 +222,7 @@ class OfferWatch {
   Millis interval_;
   bool reading_ = false;
   MonoTime last_{};
+  std::set<std::pair<lease::SlotRange, lease::Epoch>> reported_;
 };
 
 }  // namespace fleetfs::agent

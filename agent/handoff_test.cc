@@ -26,7 +26,7 @@ lease::RangeStatus Served(lease::SlotRange range, bool serving = true) {
 
 class HandoffsTest : public ::testing::Test {
  protected:
-  Handoffs handoffs_{HandoffOptions{kGrace, kFlush}};
+  Handoffs handoffs_{HandoffOptions{kGrace, kFlush, Millis(30'000)}};
   std::vector<lease::RangeStatus> status_{Served(Range(0, 99)), Served(Range(100, 199))};
   std::size_t open_ = 0;
   HandoffActions Step(std::int64_t ms) {
@@ -87,6 +87,83 @@ TEST_F(HandoffsTest, stop_work_past_its_limit_abandons_the_handoff) {
   EXPECT_EQ(handoffs_.Report().front().state, "abandoned");
   // The late answer changes nothing.
   EXPECT_TRUE(handoffs_.StopWorkDone(At(20'001), Range(0, 99), true).release.empty());
+}
+
+TEST_F(HandoffsTest, a_stale_stop_work_of_an_abandoned_handoff_never_releases_a_later_one) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  ASSERT_EQ(Step(0).stop_work, (std::vector{Range(0, 99)}));
+  Step(20'000);  // abandoned; its job still runs on the pool
+  // A new handoff waits for the old job: one job per range at a time.
+  const Status again = handoffs_.Request(At(20'001), Range(0, 99), Owner("b"), status_, Owner("a"));
+  EXPECT_NE(again.message().find("the previous handoff is still finishing"), std::string::npos)
+      << again.message();
+  EXPECT_TRUE(Step(20'001).stop_work.empty());
+  // The old job's late result: nothing is released, before any new fence.
+  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'002), Range(0, 99), true).release.empty());
+  EXPECT_TRUE(handoffs_.Undo().size() == 1);
+  // Now a new handoff runs its own fence and flush before any release.
+  ASSERT_TRUE(handoffs_.Request(At(20'003), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  EXPECT_EQ(Step(20'003).stop_work, (std::vector{Range(0, 99)}));
+  EXPECT_EQ(handoffs_.StopWorkDone(At(20'010), Range(0, 99), true).release,
+            (std::vector{Range(0, 99)}));
+}
+
+TEST_F(HandoffsTest, undo_keeps_an_abandoned_handoff_whose_job_still_runs) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  Step(20'000);
+  handoffs_.Undo();
+  EXPECT_FALSE(handoffs_.Request(At(20'001), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  EXPECT_FALSE(handoffs_.Forget(Range(0, 99)));
+}
+
+TEST_F(HandoffsTest, a_drain_never_releases_a_held_range_that_is_not_served) {
+  lease::RangeStatus held_not_serving = Served(Range(100, 199), false);
+  held_not_serving.epoch = lease::Epoch(3);  // renewals fail: held, not served
+  status_[1] = held_not_serving;
+  auto plan = handoffs_.PlanDrain(Owner("b"), status_, Owner("a"));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("held but not served now"), std::string::npos);
+  EXPECT_TRUE(handoffs_.draining().empty()) << "nothing started";
+  // Not held at all: parked, nothing to release.
+  status_[1] = Served(Range(100, 199), false);
+  plan = handoffs_.PlanDrain(std::nullopt, status_, Owner("a"));
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->hand_off, (std::vector{Range(0, 99)}));
+  EXPECT_EQ(plan->park, (std::vector{Range(100, 199)}));
+}
+
+TEST_F(HandoffsTest, an_offer_nobody_takes_gives_the_range_back_after_the_window) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  lease::OwnershipTable table;
+  ASSERT_TRUE(table.Claim(Range(0, 99), Owner("a"), 0, Millis(30'000)).ok());
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), lease::Epoch(1), 20, Owner("b"),
+                          Millis(30'000)));
+  std::vector<LogLine> log;
+  EXPECT_TRUE(handoffs_.OffersNotTaken(At(29'000), table, Owner("a"), 29'000, log).empty())
+      << "the window still runs";
+  // b took it: nothing comes back.
+  lease::OwnershipTable taken = table;
+  ASSERT_TRUE(taken.Claim(Range(0, 99), Owner("b"), 25'000, Millis(30'000)).ok());
+  EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), taken, Owner("a"), 30'100, log).empty());
+  // Nobody took it: the range comes back, logged, and is no longer withheld.
+  EXPECT_EQ(handoffs_.OffersNotTaken(At(30'100), table, Owner("a"), 30'100, log),
+            (std::vector{Range(0, 99)}));
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].text.find("nobody took the offer"), std::string::npos);
+  EXPECT_TRUE(handoffs_.withheld().empty());
+}
+
+TEST(ControlRequest, a_handoff_to_an_owner_needs_a_replica_and_a_release_does_not) {
+  ControlRequest to_b = *ParseControlRequest("drain b");
+  const Status refused = CheckControl(to_b, /*keeps_offers=*/true, /*replicating=*/false);
+  EXPECT_NE(refused.message().find("replication is off"), std::string::npos) << refused.message();
+  EXPECT_TRUE(CheckControl(to_b, true, true).ok());
+  EXPECT_FALSE(CheckControl(to_b, false, true).ok());
+  EXPECT_TRUE(CheckControl(*ParseControlRequest("drain -"), false, false).ok());
 }
 
 TEST_F(HandoffsTest, a_release_that_must_wait_for_a_running_call_is_asked_again_at_the_next_step) {
@@ -189,6 +266,36 @@ TEST(OfferWatch, only_a_standing_offer_to_this_owner_counts) {
   watch.Due(At(800), unheld);
   EXPECT_TRUE(watch.Answered(Status(Code::kUnavailable, "down"), unheld, Owner("a"), 1'001)
                   .empty());
+}
+
+TEST(OfferWatch, an_offer_counts_once_and_only_for_the_range_it_fits) {
+  OfferWatch watch(Millis(150));
+  lease::OwnershipTable table;
+  ASSERT_TRUE(table.Claim(Range(0, 99), Owner("b"), 0, Millis(30'000)).ok());
+  ASSERT_TRUE(table.Claim(Range(100, 199), Owner("c"), 0, Millis(30'000)).ok());
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("b"), lease::Epoch(1), 1'000, Owner("a"),
+                          Millis(3'000)));
+  // a is configured with 0-199: c's live row refuses its claim, so no claim.
+  const std::vector<lease::SlotRange> bigger{Range(0, 199)};
+  watch.Due(At(0), bigger);
+  EXPECT_TRUE(watch.Answered(table, bigger, Owner("a"), 1'001).empty());
+  // Exactly the range: reported once, not at every poll.
+  const std::vector<lease::SlotRange> exact{Range(0, 99)};
+  watch.Due(At(200), exact);
+  EXPECT_EQ(watch.Answered(table, exact, Owner("a"), 1'001), exact);
+  watch.Due(At(400), exact);
+  EXPECT_TRUE(watch.Answered(table, exact, Owner("a"), 1'002).empty()) << "once per offer";
+  // Inside a bigger configured range with nothing else live there: claimed.
+  OfferWatch other(Millis(150));
+  const std::vector<lease::SlotRange> wide{Range(0, 149)};
+  other.Due(At(0), wide);
+  EXPECT_TRUE(other.Answered(table, wide, Owner("a"), 1'001).empty()) << "c's row overlaps";
+  lease::OwnershipTable alone;
+  ASSERT_TRUE(alone.Claim(Range(0, 99), Owner("b"), 0, Millis(30'000)).ok());
+  ASSERT_TRUE(alone.Offer(Range(0, 99), Owner("b"), lease::Epoch(1), 1'000, Owner("a"),
+                          Millis(3'000)));
+  other.Due(At(200), wide);
+  EXPECT_EQ(other.Answered(alone, wide, Owner("a"), 1'001), wide);
 }
 
 }  // namespace

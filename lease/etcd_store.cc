@@ -1,5 +1,7 @@
 #include "lease/etcd_store.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -8,6 +10,7 @@
 #include <system_error>
 #include <thread>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "lease/bounded_json.h"
 #include "lease/lease_ttl.h"
@@ -178,8 +181,14 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
       if (!first || !last) continue;
       auto made = SlotRange::Make(static_cast<int>(*first), static_cast<int>(*last));
       if (!made.ok() || OfferKey(*made) != kv.key) continue;
-      FLEETFS_ASSIGN_OR_RETURN(StoredRow offer, ParseOffer(kv, *made));
-      offers.push_back(std::move(offer));
+      // An offer is a hint (a claim decides by the rows and the counter): a
+      // malformed one is skipped, not made every read of the fleet fail.
+      auto offer = ParseOffer(kv, *made);
+      if (!offer.ok()) {
+        spdlog::warn("{}; the offer is ignored", offer.status().message());
+        continue;
+      }
+      offers.push_back(std::move(*offer));
       continue;
     }
     // Keys that are neither the counter nor under PREFIX/rows/ are not
@@ -211,6 +220,14 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
   // offers), and never over another offer.
   std::vector<StoredRow> kept;
   for (StoredRow& offer : offers) {
+    // An offered epoch was granted, so it is at most the counter; a bigger
+    // one is not an offer (and must not raise the next epoch to the limit).
+    if (offer.row.epoch.value() > snapshot.counter) {
+      spdlog::warn("etcd key '{}' (an offer): epoch {} is above the epoch counter {}; the offer "
+                   "is ignored",
+                   Printable(offer.key), offer.row.epoch.value(), snapshot.counter);
+      continue;
+    }
     auto overlaps = [&](const StoredRow& other) { return other.row.range.Overlaps(offer.row.range); };
     if (std::any_of(snapshot.rows.begin(), snapshot.rows.end(), overlaps) ||
         std::any_of(kept.begin(), kept.end(), overlaps)) {

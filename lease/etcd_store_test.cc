@@ -412,6 +412,22 @@ TEST_F(EtcdStoreTest, a_corrupt_row_or_counter_is_data_loss_naming_the_key_and_f
   }
 }
 
+TEST_F(EtcdStoreTest, a_malformed_or_absurd_offer_is_ignored_and_the_fleet_reads_on) {
+  AsGrant(store_->Claim(Range(200, 299), Owner("a"), kTtl, 0));
+  etcd_->Put("fleet/a/offers/00000-00099", "not json", etcd_->GrantLease(9));
+  etcd_->Put("fleet/a/offers/00100-00199",
+             R"({"owner":"a","epoch":9223372036854775807,"to":"b","ttl_ms":9000})",
+             etcd_->GrantLease(9));
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->rows().size(), 1u);
+  EXPECT_EQ(table->rows()[0].range, Range(200, 299));
+  // The next epoch comes from the counter, not the absurd offer.
+  const auto claim = store_->Claim(Range(100, 199), Owner("c"), kTtl, 0);
+  ASSERT_TRUE(claim.ok()) << claim.status().message();
+  EXPECT_EQ(AsGrant(claim).epoch, Epoch(2));
+}
+
 TEST_F(EtcdStoreTest, a_row_value_nested_deep_is_data_loss_without_building_it) {
   etcd_->Put("fleet/a/rows/00000-00099", std::string(4u << 20, '['), etcd_->GrantLease(9));
   const auto table = store_->Read();

@@ -226,7 +226,7 @@ bool HostOwnership::AnyLapsed(MonoTime now) const {
 bool HostOwnership::Unsettled() const {
   return marked_unsettled_ ||
          std::any_of(states_.begin(), states_.end(),
-                     [](const RangeState& state) { return state.pending.has_value(); });
+                     [](const RangeState& state) { return state.pending.has_value() || state.handoff_call; });
 }
 
 ReleasePlan HostOwnership::PlanRelease(bool all_shipped) {
@@ -251,11 +251,15 @@ Result<HostOwnership::HandoffStart> HostOwnership::StartHandoff(SlotRange range)
   for (auto& state : states_) {
     if (state.range != range) continue;
     HandoffStart start;
-    if (state.pending) {
+    if (state.pending || state.handoff_call) {
       start.wait = true;
       return start;
     }
-    if (state.held) start.release = ReleaseCall{state.range, *state.held};
+    if (state.held) {
+      start.release = ReleaseCall{state.range, *state.held};
+      state.handoff_call = true;
+    }
+    state.unpark_when_answered = false;
     state.held.reset();
     state.parked = true;
     state.outcome = RangeOutcome::kHandedOff;
@@ -268,9 +272,35 @@ Result<HostOwnership::HandoffStart> HostOwnership::StartHandoff(SlotRange range)
                          "exactly a configured range");
 }
 
+void HostOwnership::HandoffAnswered(SlotRange range) {
+  for (auto& state : states_) {
+    if (state.range != range || !state.handoff_call) continue;
+    state.handoff_call = false;
+    if (state.unpark_when_answered) {
+      state.unpark_when_answered = false;
+      Unpark(range);
+    }
+  }
+}
+
+bool HostOwnership::ParkUnheld(SlotRange range) {
+  for (auto& state : states_) {
+    if (state.range != range) continue;
+    if (state.held || state.pending || state.handoff_call) return false;
+    state.parked = true;
+    state.outcome = RangeOutcome::kHandedOff;
+    state.holder.reset();
+    state.failure.clear();
+    return true;
+  }
+  return false;
+}
+
 void HostOwnership::Unpark(SlotRange range) {
   for (auto& state : states_) {
-    if (state.range == range && state.parked) {
+    if (state.range == range && state.parked && state.handoff_call) {
+      state.unpark_when_answered = true;
+    } else if (state.range == range && state.parked) {
       state.parked = false;
       state.outcome = RangeOutcome::kNotYet;
     }
@@ -310,7 +340,7 @@ std::vector<RangeStatus> HostOwnership::Status(MonoTime now) const {
     status.last = state.outcome;
     status.holder = state.holder;
     status.failure = state.failure;
-    status.call_running = state.pending.has_value();
+    status.call_running = state.pending.has_value() || state.handoff_call;
     status.fence_floor = state.floor;
     out.push_back(std::move(status));
   }

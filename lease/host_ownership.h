@@ -151,8 +151,17 @@ class HostOwnership {
     bool wait = false;
     std::optional<ReleaseCall> release;  // none: the range was not held
   };
+  // The release (or offer) StartHandoff returned counts as the range's
+  // call until HandoffAnswered: a claim sent before it lands could be
+  // granted the old epoch, and then the offer would hand that same lease
+  // to the target (two hosts serving one slot).
   Result<HandoffStart> StartHandoff(SlotRange range);
-  // Lets a parked range be claimed again (a drain undone).
+  void HandoffAnswered(SlotRange range);
+  // Parks a range that is not held and has no call out (a drain of a range
+  // served elsewhere); false, changing nothing, otherwise.
+  bool ParkUnheld(SlotRange range);
+  // Lets a parked range be claimed again (a drain undone). While its
+  // release or offer is out, it stays parked until that answers.
   void Unpark(SlotRange range);
   void UnparkAll();
   bool parked(SlotRange range) const;
@@ -189,6 +198,8 @@ class HostOwnership {
     std::optional<Held> holder;
     std::string failure;
     bool parked = false;  // handed off: no claim until unparked
+    bool handoff_call = false;  // its release or offer has not answered
+    bool unpark_when_answered = false;
   };
 
   HostOwnership(OwnerId owner, std::vector<SlotRange> ranges, Millis ttl);

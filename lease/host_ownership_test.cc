@@ -383,8 +383,14 @@ TEST(HostOwnership, a_handoff_waits_for_a_running_call_then_parks_the_range_with
   a.Answer(calls[0].id, fleet.Decide(a.owner(), calls[0]));
   a.EndRefresh();
   EXPECT_EQ(a.StartHandoff(Range(0, 50)).status().code(), Code::kInvalidArgument);
-  // Unparked (an offer back, an undo): claimed again at the next refresh.
+  // Unparked (an offer back, an undo) while the release is still out: it
+  // stays parked, no claim, until the release answers.
   a.Unpark(Range(0, 99));
+  EXPECT_TRUE(a.parked(Range(0, 99)));
+  EXPECT_TRUE(a.Unsettled());
+  EXPECT_EQ(a.StartHandoff(Range(0, 99))->wait, true);
+  a.HandoffAnswered(Range(0, 99));
+  // Then claimed again at the next refresh.
   EXPECT_FALSE(a.parked(Range(0, 99)));
   EXPECT_EQ(a.BeginRefresh(fleet.now).size(), 2u);
 }

@@ -141,6 +141,10 @@ Result<Refresher::HandoffSend> Refresher::StartHandoff(SlotRange range,
                      done = std::move(done)] {
     Result<bool> answer = to ? shared->store->Offer(call.range, owner, call.epoch, *to, window)
                              : shared->store->Release(call.range, owner, call.epoch);
+    {
+      std::lock_guard lock(shared->mu);
+      shared->host.HandoffAnswered(call.range);
+    }
     done(std::move(answer));
   });
   return HandoffSend::kSent;
@@ -149,6 +153,11 @@ Result<Refresher::HandoffSend> Refresher::StartHandoff(SlotRange range,
 void Refresher::Unpark(SlotRange range) {
   std::lock_guard lock(shared_->mu);
   shared_->host.Unpark(range);
+}
+
+bool Refresher::ParkUnheld(SlotRange range) {
+  std::lock_guard lock(shared_->mu);
+  return shared_->host.ParkUnheld(range);
 }
 
 bool Refresher::parked(SlotRange range) const {

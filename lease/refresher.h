@@ -74,6 +74,7 @@ class Refresher {
                                    std::function<void(Result<bool>)> done);
   void Unpark(SlotRange range);
   bool parked(SlotRange range) const;
+  bool ParkUnheld(SlotRange range);
   std::vector<SlotRange> UnheldRanges() const;
   const OwnerId& owner() const { return shared_->host.owner(); }
   OwnershipStore& store() const { return *shared_->store; }

@@ -45,7 +45,8 @@ class GatedStore final : public OwnershipStore {
   }
   Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
                      Millis window) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !offers_blocked_; });
     return table_.Offer(range, owner, epoch, clock_.NowMs(), to, window);
   }
   bool keeps_offers() const override { return true; }
@@ -62,9 +63,14 @@ class GatedStore final : public OwnershipStore {
     std::lock_guard lock(mu_);
     blocked_.insert(range);
   }
+  void BlockOffers() {
+    std::lock_guard lock(mu_);
+    offers_blocked_ = true;
+  }
   void Unblock() {
     std::lock_guard lock(mu_);
     blocked_.clear();
+    offers_blocked_ = false;
     cv_.notify_all();
   }
   int calls(SlotRange range) {
@@ -84,6 +90,7 @@ class GatedStore final : public OwnershipStore {
   std::condition_variable cv_;
   OwnershipTable table_;
   std::set<SlotRange> blocked_;
+  bool offers_blocked_ = false;
   std::map<SlotRange, int> calls_;
 };
 
@@ -297,6 +304,34 @@ TEST(Refresher, a_round_its_time_limit_ends_with_no_call_run_counts_no_answer) {
   EXPECT_EQ(refresher.answered(), 0u) << "rounds ended, yet no store call ran";
   for (auto& task : never_run) task();
   EXPECT_EQ(refresher.answered(), 1u) << "the one call sent (later rounds wait for it)";
+}
+
+TEST(Refresher, an_undo_while_the_offer_is_out_claims_nothing_until_the_offer_answers) {
+  Rig rig;
+  auto a = rig.Make("a", {Range(0, 9)});
+  ASSERT_TRUE(a->Start());
+  ASSERT_TRUE(Eventually([&] { return !a->refresh_open(); }));
+  ASSERT_EQ(a->EpochFor(5), Epoch(1));
+  rig.store->BlockOffers();
+  std::atomic<int> answers{0};
+  ASSERT_EQ(*a->StartHandoff(Range(0, 9), Owner("b"), [&](Result<bool>) { ++answers; }),
+            Refresher::HandoffSend::kSent);
+  a->Unpark(Range(0, 9));  // drain --undo while the offer is in flight
+  EXPECT_TRUE(a->parked(Range(0, 9)));
+  rig.Advance(kStep);
+  a->Start();
+  ASSERT_TRUE(Eventually([&] { return !a->refresh_open(); }));
+  EXPECT_EQ(rig.store->calls(Range(0, 9)), 1) << "a claim went out before the offer answered";
+  rig.store->Unblock();
+  ASSERT_TRUE(Eventually([&] { return answers == 1; }));
+  EXPECT_FALSE(a->parked(Range(0, 9)));
+  // Its local lease is over; the claim goes the normal way: refused while
+  // the range stands offered to b.
+  rig.Advance(kStep);
+  ASSERT_TRUE(a->Start());
+  ASSERT_TRUE(Eventually([&] { return !a->refresh_open(); }));
+  EXPECT_EQ(rig.store->calls(Range(0, 9)), 2);
+  EXPECT_FALSE(a->EpochFor(5).has_value());
 }
 
 }  // namespace

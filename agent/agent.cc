@@ -591,6 +591,9 @@ void Agent::StopAnnounce(Phase phase) {
 }
 
 void Agent::WatchdogTick() {
+  // Phase failed still pings: it stands by on purpose (lifecycle.h), saying
+  // why on the admin port until an operator fixes the volume; a restart by
+  // systemd would claim ranges again on the failed volume.
   if (lifecycle_.phase() == Phase::kStopped || !watchdog_health_) return;
   std::optional<std::string> why =
       watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refresher_ ? refresher_->answered() : 0);

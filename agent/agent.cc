@@ -915,6 +915,9 @@ void Agent::StopAnnounce(Phase phase) {
 }
 
 void Agent::WatchdogTick() {
+  // Phase failed still pings: it stands by on purpose (lifecycle.h), saying
+  // why on the admin port until an operator fixes the volume; a restart by
+  // systemd would claim ranges again on the failed volume.
   if (lifecycle_.phase() == Phase::kStopped || !watchdog_health_) return;
   std::optional<std::string> why =
       watchdog_health_->Check(mono_.Now(), lifecycle_.renews(), refresher_ ? refresher_->answered() : 0);
@@ -941,8 +944,11 @@ HttpResponse Agent::Serve(const std::string& method, const std::string& path) co
 }
 
 int Agent::Run(std::ostream& err) {
+  // Written before the loop runs, so not through the logger's format: the
+  // journal's priority by hand, or `journalctl -p err` misses why it failed.
+  const LogTarget log_target = DetectLogTarget();
   auto fail = [&](const Status& status) {
-    err << "fleetfs: " << status.message() << '\n';
+    err << StderrLine(log_target, spdlog::level::err, "fleetfs: " + status.message());
     return ExitCodeFor(status);
   };
   auto lock = VolumeLock::Acquire(config_.backing);
@@ -1135,9 +1141,9 @@ int Agent::Run(std::ostream& err) {
   uv_run(&loop_, UV_RUN_DEFAULT);
   const int code = lifecycle_.exit_code();
   if (code != 0) {
-    // Scripts and the service manager see the code; people see why.
+    // Scripts and the service manager see the code; people see why. The
+    // logger writes stderr, `err` here: once, with the journal's priority.
     spdlog::error("exiting with {}: {}", code, lifecycle_.exit_reason());
-    err << "fleetfs: exiting with " << code << ": " << lifecycle_.exit_reason() << '\n';
   }
   if (work_in_flight_ > 0) {
     spdlog::warn("exiting with {} calls still running on the pool", work_in_flight_);

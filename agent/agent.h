@@ -27,7 +27,8 @@ namespace fleetfs::agent {
 // Runs the agent until it is stopped; returns the process exit code (0 after
 // a clean stop, 1 when it could not start or serve, 2 for bad configuration,
 // kExitLapsed (5) when a stop left held ranges to lapse instead of releasing
-// them). A non-zero code is explained on `err`.
+// them). A non-zero code is explained on `err` when the agent could not
+// start, and in the log (stderr) once it ran.
 int RunAgent(const AgentConfig& config, std::ostream& err);
 
 }  // namespace fleetfs::agent

@@ -78,4 +78,12 @@ void ConfigureLogFormat(spdlog::logger& logger, LogTarget target) {
   logger.set_formatter(std::move(formatter));
 }
 
+std::string StderrLine(LogTarget target, spdlog::level::level_enum level, std::string_view text) {
+  std::string line;
+  if (target == LogTarget::kJournal) line = "<" + std::to_string(JournalPriority(level)) + ">";
+  line.append(text);
+  line += '\n';
+  return line;
+}
+
 }  // namespace fleetfs::agent

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace fleetfs::agent {
@@ -41,5 +42,10 @@ std::string_view LogPattern(LogTarget target);
 int JournalPriority(spdlog::level::level_enum level);
 // Sets `logger`'s format for `target`.
 void ConfigureLogFormat(spdlog::logger& logger, LogTarget target);
+// One line the agent writes to stderr without its logger (a start failure,
+// which the "fleetfs: " form keeps for scripts and terminals), newline
+// included: journald files a line without "<N>" at the unit's default
+// priority, info, where `journalctl -p err` does not look.
+std::string StderrLine(LogTarget target, spdlog::level::level_enum level, std::string_view text);
 
 }  // namespace fleetfs::agent

@@ -75,5 +75,12 @@ TEST(ConfigureLogFormatTest, for_a_stream_lines_carry_a_time_stamp_and_the_level
   EXPECT_EQ(rest, "") << text;
 }
 
+TEST(StderrLineTest, carries_the_priority_only_for_the_journal) {
+  EXPECT_EQ(StderrLine(LogTarget::kJournal, spdlog::level::err, "fleetfs: store down"),
+            "<3>fleetfs: store down\n");
+  EXPECT_EQ(StderrLine(LogTarget::kStream, spdlog::level::err, "fleetfs: store down"),
+            "fleetfs: store down\n");
+}
+
 }  // namespace
 }  // namespace fleetfs::agent

@@ -52,6 +52,28 @@ class SystemdNotifyTest(harness.MountTest):
             self.seen.append(line)
         return data
 
+    def mounts_at_ready(self, agent):
+        """The FUSE mounts as /proc/self/mountinfo has them the moment the
+        datagram carrying READY=1 is received."""
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                self.fail_with_logs(f"no READY=1 in {WAIT}s; so far {self.seen}")
+            # Read before anything else, decoding included: a READY=1 sent
+            # before the mount passes only if the mount completes between the
+            # agent's send and this recv returning. That window is the
+            # tightest a test outside the agent can get: it cannot observe
+            # the instant of the send, only the datagram's arrival; the order
+            # inside the agent (READY from the mount's completion) closes it.
+            mounts = fuse_mounts()
+            lines = data.decode().splitlines()
+            self.seen.extend(lines)
+            if "READY=1" in lines:
+                return mounts
+            if not agent.running():
+                self.fail_with_logs(f"agent exited before READY=1; messages {self.seen}")
+
     def wait_message(self, agent, predicate, what):
         while True:
             data = self.next_message(agent)
@@ -71,8 +93,7 @@ class SystemdNotifyTest(harness.MountTest):
                       "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
         a.start()
 
-        self.wait_message(a, lambda m: m == "READY=1", "READY=1")
-        mounts = fuse_mounts()
+        mounts = self.mounts_at_ready(a)
         self.assertEqual(mounts.get(a.mount), "fuse.fleetfs",
                          f"READY=1 came before {a.mount} was a fleetfs mount: {mounts}")
         log = a.log()
@@ -177,6 +198,28 @@ class SystemdNotifyTest(harness.MountTest):
             self.wait_message(a, lambda m: True, "the failed round")
         self.assertNotIn("READY=1", self.seen, "READY=1 while the store had not answered")
         self.assertEqual(a.stop(timeout=WAIT), 0, a.log_tail())
+
+    def test_a_start_failure_reaches_the_journal_as_an_error(self):
+        # The admin port taken before the agent starts: it fails before its
+        # loop runs, and `journalctl -p err` must still show why.
+        taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(taken.close)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        a = self.agent(ttl="3s")
+        a.admin_port = port
+        open(a.log_path, "ab").close()
+        st = os.stat(a.log_path)
+        a.env.update({"NOTIFY_SOCKET": self.sock_path,
+                      "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+        a.start()
+        self.assertNotEqual(a.proc.wait(WAIT), 0, a.log_tail())
+        lines = [line for line in a.log().splitlines() if line]
+        self.assertTrue(any(line.startswith("<3>") and str(port) in line for line in lines),
+                        f"no <3> line naming port {port}: {lines}")
+        for line in lines:
+            self.assertRegex(line, r"^<[0-7]>", "a line without a priority prefix")
 
     def test_without_notify_socket_the_agent_logs_time_stamps_and_runs_as_before(self):
         a = self.agent(ttl="3s")

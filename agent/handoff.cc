@@ -23,15 +23,34 @@ Result<lease::OwnerId> ParseTarget(std::string_view word) {
 }  // namespace
 
 Result<ControlRequest> ParseControlRequest(std::string_view text) {
+  if (text.size() > kMaxControlRequestBytes) {
+    return InvalidArgument("a control request is at most " +
+                           std::to_string(kMaxControlRequestBytes) + " bytes; this one has " +
+                           std::to_string(text.size()));
+  }
   if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
   if (text.find('\n') != std::string_view::npos) {
     return InvalidArgument("a control request is one line; this one has several");
   }
+  const std::string usage =
+      "; a request is 'handoff RANGE to OWNER', 'drain to OWNER', 'drain release' or 'undo'";
+  // The owner is the rest of the line after "to ": an owner id may hold
+  // inner spaces, and may even read like a keyword, so it is never split or
+  // compared with one. The words before it are split by single spaces.
+  std::optional<std::string_view> owner;
+  std::string_view head = text;
+  if (const std::size_t to = text.find(" to "); to != std::string_view::npos) {
+    head = text.substr(0, to);
+    owner = text.substr(to + 4);
+  } else if (text.ends_with(" to")) {
+    return InvalidArgument("control request '" + lease::Printable(text) +
+                           "': 'to' is followed by the owner" + usage);
+  }
   std::vector<std::string_view> words;
   std::size_t start = 0;
   while (true) {
-    const std::size_t space = text.find(' ', start);
-    words.push_back(text.substr(start, space == std::string_view::npos ? space : space - start));
+    const std::size_t space = head.find(' ', start);
+    words.push_back(head.substr(start, space == std::string_view::npos ? space : space - start));
     if (space == std::string_view::npos) break;
     start = space + 1;
   }
@@ -43,31 +62,31 @@ Result<ControlRequest> ParseControlRequest(std::string_view text) {
   }
   ControlRequest request;
   const std::string_view verb = words.front();
-  const std::string usage =
-      "; a request is 'handoff RANGE OWNER', 'drain OWNER', 'drain -' or 'undo'";
   if (verb == "handoff") {
-    if (words.size() != 3) {
-      return InvalidArgument("control request 'handoff' takes a range and an owner" + usage);
+    if (words.size() != 2 || !owner) {
+      return InvalidArgument("control request 'handoff' takes a range and 'to OWNER'" + usage);
     }
     auto range = lease::SlotRange::Parse(words[1]);
     if (!range.ok()) return range.status();
-    FLEETFS_ASSIGN_OR_RETURN(request.to, ParseTarget(words[2]));
+    FLEETFS_ASSIGN_OR_RETURN(request.to, ParseTarget(*owner));
     request.verb = ControlRequest::Verb::kHandoff;
     request.range = *range;
     return request;
   }
   if (verb == "drain") {
-    if (words.size() != 2) {
-      return InvalidArgument("control request 'drain' takes an owner, or '-' for none" + usage);
-    }
     request.verb = ControlRequest::Verb::kDrain;
-    if (words[1] != "-") {
-      FLEETFS_ASSIGN_OR_RETURN(request.to, ParseTarget(words[1]));
+    if (words.size() == 1 && owner) {
+      FLEETFS_ASSIGN_OR_RETURN(request.to, ParseTarget(*owner));
+      return request;
     }
-    return request;
+    if (words.size() == 2 && words[1] == "release" && !owner) return request;
+    return InvalidArgument("control request 'drain' takes 'to OWNER', or 'release' for no target" +
+                           usage);
   }
   if (verb == "undo") {
-    if (words.size() != 1) return InvalidArgument("control request 'undo' takes nothing" + usage);
+    if (words.size() != 1 || owner) {
+      return InvalidArgument("control request 'undo' takes nothing" + usage);
+    }
     request.verb = ControlRequest::Verb::kUndo;
     return request;
   }
@@ -78,9 +97,9 @@ Result<ControlRequest> ParseControlRequest(std::string_view text) {
 std::string FormatControlRequest(const ControlRequest& request) {
   switch (request.verb) {
     case ControlRequest::Verb::kHandoff:
-      return "handoff " + request.range->ToString() + " " + request.to->str() + "\n";
+      return "handoff " + request.range->ToString() + " to " + request.to->str() + "\n";
     case ControlRequest::Verb::kDrain:
-      return std::string("drain ") + (request.to ? request.to->str() : "-") + "\n";
+      return request.to ? "drain to " + request.to->str() + "\n" : "drain release\n";
     case ControlRequest::Verb::kUndo: return "undo\n";
   }
   return "";

@@ -39,10 +39,12 @@
 namespace fleetfs::agent {
 
 // A request written to MOUNT/.fleetfs/control, one line:
-//   handoff RANGE OWNER    hand one configured range to OWNER
-//   drain OWNER            hand every served range to OWNER
-//   drain -                release every range (no target)
-//   undo                   let drained ranges be claimed again
+//   handoff RANGE to OWNER  hand one configured range to OWNER
+//   drain to OWNER          hand every served range to OWNER
+//   drain release           release every range (no target)
+//   undo                    let drained ranges be claimed again
+// OWNER is the rest of the line (an owner id may hold inner spaces, or be
+// "release" or "-"); no target is the keyword, never an owner value.
 struct ControlRequest {
   enum class Verb { kHandoff, kDrain, kUndo };
   Verb verb = Verb::kHandoff;
@@ -50,9 +52,11 @@ struct ControlRequest {
   std::optional<lease::OwnerId> to;       // kHandoff; kDrain unless released
 };
 
-// Strict: one line (a final newline allowed), words split by single spaces,
-// the range by SlotRange::Parse and the owner by OwnerId::Make.
+// Strict: at most kMaxControlRequestBytes, one line (a final newline
+// allowed), the words before " to " split by single spaces, the range by
+// SlotRange::Parse and the owner by OwnerId::Make.
 // InvalidArgument naming the word and the rule otherwise.
+inline constexpr std::size_t kMaxControlRequestBytes = 512;
 Result<ControlRequest> ParseControlRequest(std::string_view text);
 std::string FormatControlRequest(const ControlRequest& request);
 

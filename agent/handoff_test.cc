@@ -158,12 +158,12 @@ TEST_F(HandoffsTest, an_offer_nobody_takes_gives_the_range_back_after_the_window
 }
 
 TEST(ControlRequest, a_handoff_to_an_owner_needs_a_replica_and_a_release_does_not) {
-  ControlRequest to_b = *ParseControlRequest("drain b");
+  ControlRequest to_b = *ParseControlRequest("drain to b");
   const Status refused = CheckControl(to_b, /*keeps_offers=*/true, /*replicating=*/false);
   EXPECT_NE(refused.message().find("replication is off"), std::string::npos) << refused.message();
   EXPECT_TRUE(CheckControl(to_b, true, true).ok());
   EXPECT_FALSE(CheckControl(to_b, false, true).ok());
-  EXPECT_TRUE(CheckControl(*ParseControlRequest("drain -"), false, false).ok());
+  EXPECT_TRUE(CheckControl(*ParseControlRequest("drain release"), false, false).ok());
 }
 
 TEST_F(HandoffsTest, a_release_that_must_wait_for_a_running_call_is_asked_again_at_the_next_step) {
@@ -202,15 +202,38 @@ TEST_F(HandoffsTest, undo_and_an_offer_back_forget_finished_handoffs_only) {
 }
 
 TEST(ControlRequest, well_formed_requests_parse_and_print_back) {
-  auto handoff = ParseControlRequest("handoff 0-8191 host-b\n");
+  auto handoff = ParseControlRequest("handoff 0-8191 to host-b\n");
   ASSERT_TRUE(handoff.ok()) << handoff.status().message();
   EXPECT_EQ(handoff->verb, ControlRequest::Verb::kHandoff);
   EXPECT_EQ(handoff->range, Range(0, 8191));
-  EXPECT_EQ(FormatControlRequest(*handoff), "handoff 0-8191 host-b\n");
-  auto drain = ParseControlRequest("drain -");
+  EXPECT_EQ(FormatControlRequest(*handoff), "handoff 0-8191 to host-b\n");
+  auto drain = ParseControlRequest("drain release");
   ASSERT_TRUE(drain.ok());
   EXPECT_FALSE(drain->to.has_value());
+  EXPECT_EQ(FormatControlRequest(*drain), "drain release\n");
   EXPECT_EQ(ParseControlRequest("undo")->verb, ControlRequest::Verb::kUndo);
+}
+
+TEST(ControlRequest, every_valid_owner_round_trips_as_a_target_and_a_release_has_none) {
+  for (const std::string& owner :
+       std::vector<std::string>{"host b", "-", "release", "to", "a to b", "drain to -",
+                                std::string(128, 'x'), "h\xc3\xa9te b"}) {
+    const lease::OwnerId id = Owner(owner);
+    for (ControlRequest request : {ControlRequest{ControlRequest::Verb::kHandoff, Range(0, 99), id},
+                                   ControlRequest{ControlRequest::Verb::kDrain, std::nullopt, id}}) {
+      auto back = ParseControlRequest(FormatControlRequest(request));
+      ASSERT_TRUE(back.ok()) << owner << ": " << back.status().message();
+      EXPECT_EQ(back->verb, request.verb) << owner;
+      EXPECT_EQ(back->range, request.range) << owner;
+      ASSERT_TRUE(back->to.has_value()) << owner;
+      EXPECT_EQ(back->to->str(), owner);
+    }
+  }
+  auto release = ParseControlRequest(
+      FormatControlRequest(ControlRequest{ControlRequest::Verb::kDrain, std::nullopt, std::nullopt}));
+  ASSERT_TRUE(release.ok());
+  EXPECT_EQ(release->verb, ControlRequest::Verb::kDrain);
+  EXPECT_FALSE(release->to.has_value());
 }
 
 TEST(ControlRequest, bad_requests_are_refused_naming_the_thing_and_the_rule) {
@@ -220,14 +243,26 @@ TEST(ControlRequest, bad_requests_are_refused_naming_the_thing_and_the_rule) {
     EXPECT_EQ(parsed.status().code(), Code::kInvalidArgument);
     return parsed.ok() ? std::string() : parsed.status().message();
   };
-  EXPECT_NE(message("handoff 9-1 b").find("9-1"), std::string::npos);
-  EXPECT_NE(message("handoff 0-16384 b").find("16384"), std::string::npos);
-  EXPECT_NE(message("handoff 0-99  b").find("single spaces"), std::string::npos);
-  EXPECT_NE(message("handoff 0-99 b\nundo").find("one line"), std::string::npos);
-  EXPECT_NE(message("handoff 0-99").find("takes a range and an owner"), std::string::npos);
-  EXPECT_NE(message(std::string("handoff 0-99 b\x01", 16)).find("target owner"),
+  EXPECT_NE(message("handoff 9-1 to b").find("9-1"), std::string::npos);
+  EXPECT_NE(message("handoff 0-16384 to b").find("16384"), std::string::npos);
+  EXPECT_NE(message("handoff  0-99 to b").find("single spaces"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99 to b\nundo").find("one line"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99").find("takes a range and 'to OWNER'"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99 b").find("takes a range and 'to OWNER'"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99 to").find("followed by the owner"), std::string::npos);
+  EXPECT_NE(message(std::string("handoff 0-99 to b\x01", 19)).find("target owner"),
             std::string::npos);
-  EXPECT_NE(message("drain " + std::string(129, 'x')).find("target owner"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99 to  b").find("white space at an end"), std::string::npos);
+  EXPECT_NE(message("handoff 0-99 to b ").find("white space at an end"), std::string::npos);
+  EXPECT_NE(message("drain to " + std::string(129, 'x')).find("target owner"), std::string::npos);
+  // The old forms: a bare owner, or '-' meaning no target, are not requests.
+  EXPECT_NE(message("drain -").find("'release' for no target"), std::string::npos);
+  EXPECT_NE(message("drain b").find("'release' for no target"), std::string::npos);
+  EXPECT_NE(message("drain").find("'release' for no target"), std::string::npos);
+  EXPECT_NE(message("drain release to b").find("'release' for no target"), std::string::npos);
+  EXPECT_NE(message("undo to b").find("'undo' takes nothing"), std::string::npos);
+  EXPECT_NE(message("drain to " + std::string(600, 'x')).find("at most 512 bytes"),
+            std::string::npos);
   EXPECT_NE(message("reboot").find("'reboot' is unknown"), std::string::npos);
   EXPECT_NE(message("").find("single spaces"), std::string::npos);
 }

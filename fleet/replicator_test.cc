@@ -625,6 +625,32 @@ TEST_F(ReplicatorTest, a_flush_while_a_range_with_a_pending_commit_lapses_is_not
   EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
 }
 
+TEST_F(ReplicatorTest, a_range_flush_works_only_that_ranges_tenants) {
+  // A backlog in another range must not spend a handoff's flush deadline.
+  Start(Options());
+  FleetFile mine = Main("flush-range-mine");
+  FleetFile other;
+  for (int i = 0; i < 100; ++i) {
+    other = Main("flush-range-other-" + std::to_string(i));
+    if (other.slot != mine.slot) break;
+  }
+  ASSERT_NE(other.slot, mine.slot);
+  std::vector<std::shared_ptr<TenantWatch>> watches;
+  for (const FleetFile& k : {mine, other}) {
+    PutLocal(k, std::string(4096, 'R'), kEpoch);
+    auto watch = rep_->Watch(k, kEpoch);
+    { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
+    watches.push_back(std::move(watch));
+  }
+  ASSERT_EQ(rep_->Stats().unshipped_tenants, 2u);
+  const std::uint64_t visits = rep_->Stats().tenant_visits;
+  EXPECT_TRUE(rep_->FlushRange(mono_.Now() + seconds(20), mine.slot, mine.slot));
+  EXPECT_EQ(rep_->Stats().tenant_visits, visits + 1) << "the flush visited another range";
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 1u) << "the other range's commit is the loop's";
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
+}
+
 // ---- issue 10 item 10: a destination is healthy when a real upload succeeds ----
 
 TEST_F(ReplicatorTest, a_full_destination_that_takes_an_empty_probe_stays_failing_every_round) {

@@ -117,7 +117,9 @@ class Replicator::Impl {
   void UploadLoop();
   void SyncAll();
   // One round of shipping; true when nothing is left unshipped.
-  bool Round();
+  // `only`: visit just the tenants whose slot is in [first, last] (a
+  // range's flush); true then means those are clean (tombstones aside).
+  bool Round(std::optional<std::pair<Slot, Slot>> only = std::nullopt);
   // One round for one tenant; true when it has nothing left to ship.
   // With `snapshots` false, a tenant whose next shipment is a snapshot is
   // left for later (`*deferred` set): a round ships every tenant's segments

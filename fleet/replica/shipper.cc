@@ -45,7 +45,7 @@ void Replicator::Impl::UploadLoop() {
 
 void Replicator::Impl::SyncAll() { (void)Round(); }
 
-bool Replicator::Impl::Round() {
+bool Replicator::Impl::Round(std::optional<std::pair<Slot, Slot>> only) {
   const std::uint64_t failures_before = failures_seen_.load();
   UploadTombstones();
   struct Visit {
@@ -60,6 +60,15 @@ bool Replicator::Impl::Round() {
     for (Visit& v : visits) {
       if (auto it = tenants_.find(v.path); it != tenants_.end()) v.tenant = it->second;
     }
+  }
+  if (only) {
+    // A range's flush works only that range's tenants, so a backlog
+    // elsewhere cannot run out its deadline. The others stay active for the
+    // loop's round (a deleted one too: its slot is not known here).
+    std::erase_if(visits, [&](const Visit& v) {
+      return !v.tenant || v.tenant->main().slot < only->first ||
+             v.tenant->main().slot > only->second;
+    });
   }
   counters_.visits += visits.size();
   // Every active tenant, served now or not (the others left nothing to ship
@@ -110,7 +119,8 @@ bool Replicator::Impl::Round() {
   // key's directory may fail every round while the others work), and never
   // by a probe (a full disk takes an empty probe file and refuses every real
   // object; clearing on the probe made /health flap every round).
-  if (failures_seen_.load() == failures_before) RecordSuccess();
+  // A range's round saw only some tenants: it says nothing of the others'.
+  if (!only && failures_seen_.load() == failures_before) RecordSuccess();
   return clean;
 }
 
@@ -976,9 +986,9 @@ bool Replicator::Impl::RangeShipped(Slot first, Slot last) const {
 
 bool Replicator::Impl::FlushRange(MonoTime deadline, Slot first, Slot last) {
   while (true) {
-    // A round ships every tenant; only this range's must be clean (others
-    // may go on being written meanwhile).
-    if (Round() || RangeShipped(first, last)) return true;
+    // Only this range's tenants are worked and must be clean (others may go
+    // on being written, or hold a backlog, meanwhile).
+    if (Round(std::pair{first, last}) || RangeShipped(first, last)) return true;
     if (o_.mono->Now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -216,7 +216,7 @@ class Handoff(MountTest):
             try:
                 os.setgid(65534)
                 os.setuid(65534)
-                os.write(fd, f"handoff {ALL} {b.owner}\n".encode())
+                os.write(fd, f"handoff {ALL} to {b.owner}\n".encode())
                 code = 0
             except PermissionError:
                 code = 13
@@ -250,9 +250,15 @@ class Handoff(MountTest):
         # A request written by hand is parsed as strictly.
         with open(os.path.join(a.mount, ".fleetfs", "control"), "r+b", buffering=0) as f:
             with self.assertRaises(OSError):
-                f.write(b"handoff  0-16383 host-b\n")
+                f.write(b"handoff  0-16383 to host-b\n")
             f.seek(0)
             self.assertIn(b"single spaces", f.read())
+            # '-' is an owner like any other; no target is said 'release'.
+            f.seek(0)
+            with self.assertRaises(OSError):
+                f.write(b"drain -\n")
+            f.seek(0)
+            self.assertIn(b"'release' for no target", f.read())
         self.assertEqual(a.states(), ["serving"])
 
     def test_drain_releases_and_stays_drained_until_undone(self):

@@ -69,16 +69,21 @@ class EtcdMount(MountTest):
         print(f"\nb serving {time.monotonic() - stopped:.2f} s after a's SIGTERM")
 
     def test_a_handoff_on_an_etcd_store_is_claimed_by_its_target_at_once_and_back(self):
-        a = self.agent("a", ttl=f"{TTL_S}s").start()
+        # A handoff to an owner needs a replica (it is what carries the data).
+        extra = ["--replica", f"file://{self.root}/replica", "--sync-interval", "200ms",
+                 "--shutdown-grace", "1s"]
+        a = self.agent("a", ttl=f"{TTL_S}s", extra=extra).start()
         a.wait_states("serving", timeout=30)
-        b = self.agent("b", ttl=f"{TTL_S}s").start()
+        b = self.agent("b", ttl=f"{TTL_S}s", extra=extra).start()
         b.wait_states("waiting", timeout=30)
         tenant = tenants_in(0, 16383, 1, prefix="etcdhandoff")[0]
         rel = slots(tenant)[tenant]["tenant_path"]
         db = sqlite3.connect(os.path.join(a.mount, rel))
         db.execute("CREATE TABLE t(x)")
+        db.execute("INSERT INTO t VALUES (1)")
         db.commit()
         db.close()
+        rows_seen = 1
         for src, dst in ((a, b), (b, a)):
             r = subprocess.run([BINARY, "handoff", "0-16383", "--to", dst.owner, "--mount",
                                 src.mount, "--timeout", "30"], capture_output=True, text=True)
@@ -88,6 +93,13 @@ class EtcdMount(MountTest):
             self.assertEqual(src.states(), ["handed-off"])
             rows = self.table()["rows"]
             self.assertEqual([(r["range"], r["owner"]) for r in rows], [("0-16383", dst.owner)])
+            # The target serves every commit the source made, and writes on.
+            db = sqlite3.connect(os.path.join(dst.mount, rel))
+            self.assertEqual(db.execute("SELECT count(*) FROM t").fetchone()[0], rows_seen)
+            db.execute("INSERT INTO t VALUES (2)")
+            db.commit()
+            db.close()
+            rows_seen += 1
 
 
 if __name__ == "__main__":

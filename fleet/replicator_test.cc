@@ -2408,6 +2408,9 @@ const TenantReplication* StateOf(const std::vector<TenantReplication>& states,
   }
   return nullptr;
 }
+// A pointer into a temporary would dangle (ASan caught one).
+const TenantReplication* StateOf(std::vector<TenantReplication>&& states,
+                                 const FleetFile& main) = delete;
 
 TEST_F(ReplicatorTest, tenant_states_name_only_active_tenants_and_those_asked_for) {
   Start(Options());
@@ -2442,7 +2445,8 @@ TEST_F(ReplicatorTest, a_deleted_tenant_no_longer_shows_what_was_shipped_of_it) 
     Insert(db, 0, 3);
     ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   }
-  const auto* before = StateOf(rep_->TenantStates({k.main_path}), k);
+  const auto states = rep_->TenantStates({k.main_path});  // kept: StateOf points into it
+  const auto* before = StateOf(states, k);
   ASSERT_NE(before, nullptr);
   ASSERT_GE(before->shipped_seq, 1u);
   rep_->WillDelete(k, kEpoch);
@@ -2466,7 +2470,8 @@ TEST_F(ReplicatorTest, a_restored_tenant_no_longer_shows_the_sequence_this_host_
     Insert(db, 0, 3);
     ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
   }
-  const auto* before = StateOf(rep_->TenantStates({k.main_path}), k);
+  const auto states = rep_->TenantStates({k.main_path});  // kept: StateOf points into it
+  const auto* before = StateOf(states, k);
   ASSERT_NE(before, nullptr);
   ASSERT_GE(before->shipped_seq, 1u);
   // Another owner ships a newer generation; this host serves the key again

@@ -42,6 +42,14 @@ def ls_json(mount):
     return {row["key"]: row for row in map(json.loads, run.stdout.splitlines())}
 
 
+
+# The CLI's memory bound is a property of the release build. Under
+# AddressSanitizer (the CI's second pass) freed memory sits in ASan's
+# quarantine (256 MiB by default) with redzones around every allocation, so
+# a 100,000-line listing peaked at 552 MiB there: that pass checks the
+# listing for memory errors, and bounds the CLI only loosely.
+CLI_BOUND = (1024 if os.environ.get("FLEETFS_SANITIZED") == "1" else 64) * 1024 * 1024
+
 class TenantListing(MountTest):
     TIME_LIMIT = 240
 
@@ -298,7 +306,7 @@ class TenantListing(MountTest):
         self.assertEqual(lines, count)
         self.assertEqual(first["journal_mode"], "not-sqlite")
         self.assertLess(after - before, 64 * MiB, "the agent's memory grew with the listing")
-        self.assertLess(cli_peak, 64 * MiB, "the CLI held the listing in memory")
+        self.assertLess(cli_peak, CLI_BOUND, "the CLI held the listing in memory")
         # The text form streams the same tenants, under one header.
         run = subprocess.run(f"{BINARY} ls {a.mount} | wc -l", shell=True, capture_output=True,
                              text=True, timeout=120)
@@ -350,7 +358,7 @@ class TenantListing(MountTest):
             self.assertEqual(rows[k]["open_handles"], 1 if k in keys[:kept_open] else 0, k)
             self.assertEqual(rows[k]["lag_s"], 0, k)
             self.assertGreaterEqual(rows[k]["shipped_seq"] or 0, 1, k)
-        self.assertLess(usage.ru_maxrss * 1024, 64 * MiB, "the CLI held the listing in memory")
+        self.assertLess(usage.ru_maxrss * 1024, CLI_BOUND, "the CLI held the listing in memory")
 
         # One user holds at most 64 control files open at once: each keeps its
         # content, and a loop of opens must not make the agent hold unbounded copies.

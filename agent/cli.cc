@@ -18,6 +18,7 @@
 #include "agent/agent.h"
 #include "agent/config.h"
 #include "agent/handoff_cli.h"
+#include "agent/journal_log.h"
 #include "agent/replica_cli.h"
 #include "agent/tenant_cli.h"
 #include "fleet/layout.h"
@@ -64,9 +65,16 @@ void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& 
   }
 }
 
+// One error line. Under systemd (the unit's `fleetfs mount` with a bad
+// config) journald needs the "<3>" to file it where `journalctl -p err`
+// looks; on a terminal or in a script the line is unchanged.
+void ErrorLine(std::ostream& err, std::string_view text) {
+  err << StderrLine(DetectLogTarget(), spdlog::level::err, text);
+}
+
 // A Status's code decides the exit code: bad input is 2, anything else 1.
 int Fail(std::ostream& err, const Status& status) {
-  err << "fleetfs: " << status.message() << '\n';
+  ErrorLine(err, "fleetfs: " + status.message());
   return status.code() == Code::kInvalidArgument ? kExitBadInput : kExitFailure;
 }
 
@@ -1172,10 +1180,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       command += std::string(" ") + argv[next];
     }
     if (!at->get_subcommands({}).empty() && next < argc && argv[next][0] != '-') {
-      err << "fleetfs: unknown command '" << argv[next] << "'; run '" << command << " --help'\n";
+      ErrorLine(err, "fleetfs: unknown command '" + std::string(argv[next]) + "'; run '" +
+                         command + " --help'");
       return kExitBadInput;
     }
-    err << "fleetfs: " << e.what() << "; run '" << command << " --help'\n";
+    ErrorLine(err, "fleetfs: " + std::string(e.what()) + "; run '" + command + " --help'");
     return kExitBadInput;
   }
 
@@ -1235,7 +1244,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   if (claim->parsed()) return RunLeaseChange(LeaseVerb::kClaim, args, out, err);
   if (renew->parsed()) return RunLeaseChange(LeaseVerb::kRenew, args, out, err);
   if (release->parsed()) return RunLeaseChange(LeaseVerb::kRelease, args, out, err);
-  err << "fleetfs: no command given; run 'fleetfs --help'\n";
+  ErrorLine(err, "fleetfs: no command given; run 'fleetfs --help'");
   return kExitBadInput;
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lease/test_support.h"
@@ -40,11 +42,26 @@ std::string Slurp(const std::string& path) {
   return buffer.str();
 }
 
-// Runs the fleetfs binary with `args`, capturing its output in files.
-Ran Fleetfs(const std::vector<std::string>& args) {
+// Runs the fleetfs binary with `args`, capturing its output in files. With
+// `journal`, its stderr is what JOURNAL_STREAM names, as under systemd.
+Ran Fleetfs(const std::vector<std::string>& args, bool journal = false) {
   TempDir io;
   const std::string out_path = io.File("out");
   const std::string err_path = io.File("err");
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).substr(0, 15) != "JOURNAL_STREAM=") env_text.emplace_back(*e);
+  }
+  if (journal) {
+    std::ofstream(err_path, std::ios::binary).flush();
+    struct stat st {};
+    if (stat(err_path.c_str(), &st) != 0) return {};
+    env_text.push_back("JOURNAL_STREAM=" + std::to_string(st.st_dev) + ":" +
+                       std::to_string(st.st_ino));
+  }
+  std::vector<char*> env;
+  for (auto& e : env_text) env.push_back(e.data());
+  env.push_back(nullptr);
   std::vector<std::string> all = {FLEETFS_BINARY};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -57,7 +74,7 @@ Ran Fleetfs(const std::vector<std::string>& args) {
   posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT, 0600);
   pid_t pid = 0;
   Ran ran;
-  if (posix_spawn(&pid, FLEETFS_BINARY, &actions, nullptr, argv.data(), environ) == 0) {
+  if (posix_spawn(&pid, FLEETFS_BINARY, &actions, nullptr, argv.data(), env.data()) == 0) {
     // A `fleetfs mount` that should have been refused serves until stopped:
     // stop it (SIGTERM unmounts) rather than hang the suite.
     int status = 0;
@@ -403,7 +420,7 @@ class MountCommand : public ::testing::Test {
     std::filesystem::create_directories(backing_);
     std::filesystem::create_directories(mount_);
   }
-  Ran Mount(std::vector<std::string> more, const std::string& toml = "") {
+  Ran Mount(std::vector<std::string> more, const std::string& toml = "", bool journal = false) {
     std::vector<std::string> args = {"mount", "--backing", backing_, "--mount", mount_,
                                      "--admin", "off"};
     if (std::find(more.begin(), more.end(), "--store") == more.end()) {
@@ -414,7 +431,7 @@ class MountCommand : public ::testing::Test {
       args.insert(args.end(), {"--config", dir_.File("agent.toml")});
     }
     args.insert(args.end(), more.begin(), more.end());
-    return Fleetfs(args);
+    return Fleetfs(args, journal);
   }
   void ExpectRefused(const Ran& ran, const std::string& says) {
     EXPECT_EQ(ran.code, 2) << says << "\n" << ran.err;
@@ -435,6 +452,21 @@ TEST_F(MountCommand, owner_ids_and_paths_that_are_not_utf8_are_refused_naming_th
   ExpectRefused(Mount({"--backing", odd}), "backing: ");
   EXPECT_FALSE(std::filesystem::exists(odd + "/.fleetfs"));
   ExpectRefused(Mount({"--store", "sqlite://" + dir_.File("c\xfe.db")}), "store: ");
+}
+
+// The unit's `fleetfs mount` refused: journald files the line as an error
+// (`journalctl -p err` shows it), and a terminal sees no "<3>".
+TEST_F(MountCommand, a_refusal_under_systemd_is_filed_as_an_error) {
+  const Ran bad_value = Mount({}, "ttl = \"30\"\n", /*journal=*/true);
+  EXPECT_EQ(bad_value.code, 2);
+  const std::string says = "<3>fleetfs: config file " + dir_.File("agent.toml") + ": ttl: ";
+  EXPECT_EQ(bad_value.err.rfind(says, 0), 0u) << bad_value.err;
+  const Ran bad_flag = Mount({"--no-such-flag"}, "", /*journal=*/true);
+  EXPECT_EQ(bad_flag.code, 2);
+  EXPECT_EQ(bad_flag.err.rfind("<3>fleetfs: ", 0), 0u) << bad_flag.err;
+  EXPECT_EQ(Lines(bad_flag.err), 1) << bad_flag.err;
+  const Ran on_a_terminal = Mount({}, "ttl = \"30\"\n");
+  EXPECT_EQ(on_a_terminal.err.rfind("fleetfs: config file ", 0), 0u) << on_a_terminal.err;
 }
 
 TEST_F(MountCommand, a_flag_does_not_hide_a_wrong_value_in_the_file) {

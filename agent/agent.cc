@@ -530,6 +530,8 @@ void Agent::ApplyHandoff(HandoffActions actions) {
   if (actions.publish) Publish();
   for (SlotRange r : actions.stop_work) StartRangeStopWork(r);
   for (SlotRange r : actions.release) SendHandoffRelease(r);
+  for (SlotRange r : actions.claim) refresher_->Unpark(r);
+  if (!actions.claim.empty()) claim_now_ = true;
   handoff_wake_ = std::min(handoff_wake_, actions.wake);
   std::lock_guard lock(backing_mu_);
   handoff_status_ = handoffs_.Report();

@@ -245,6 +245,7 @@ HandoffActions Handoffs::ReleaseWaits(MonoTime now, lease::SlotRange range) {
   auto it = handoffs_.find(range);
   if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
   it->second.step = StepKind::kReleaseWait;
+  it->second.undone = false;  // nothing was sent, so nothing was unparked
   Wake(out, now + Millis(20));
   return out;
 }
@@ -255,6 +256,25 @@ HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sen
   auto it = handoffs_.find(range);
   if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
   One& h = it->second;
+  if (h.undone) {
+    // HostOwnership unparked the range at this answer: keeping the handoff
+    // would withhold a range this host claims again (held, never served).
+    // An offer the store took still stands: it refuses this host's claim
+    // until the target takes the range or the window ends.
+    std::string answered = !sent          ? "nothing was held"
+                           : !answer.ok() ? "the store did not confirm (" +
+                                                answer.status().message() + ")"
+                           : !*answer     ? "the store no longer held it for this agent"
+                           : h.to         ? "the offer to '" + h.to->str() + "' stands its window"
+                                          : "released";
+    Log(out, LogLine::Level::kInfo,
+        Describe(range, h) + " undone while it was out (" + answered +
+            "); claiming the range again");
+    handoffs_.erase(it);
+    out.publish = true;
+    out.claim.push_back(range);
+    return out;
+  }
   h.step = StepKind::kDone;
   if (!sent) {
     h.note = "the range was not held; nothing to release";
@@ -324,6 +344,7 @@ std::vector<lease::SlotRange> Handoffs::Undo() {
       // Kept while its job runs, so a new handoff waits for that job.
       it = it->second.job_running ? std::next(it) : handoffs_.erase(it);
     } else {
+      if (it->second.step == StepKind::kReleasing) it->second.undone = true;
       ++it;
     }
   }

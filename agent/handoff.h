@@ -81,6 +81,9 @@ struct HandoffActions {
   std::vector<lease::SlotRange> stop_work;  // fence, then flush these; then StopWorkDone
   // HostOwnership::StartHandoff, then Offer or Release; then Released.
   std::vector<lease::SlotRange> release;
+  // Given back by an undo that came while their offer or release was out:
+  // unpark (HostOwnership already did, at the answer) and claim them now.
+  std::vector<lease::SlotRange> claim;
   MonoTime wake = MonoTime::max();
 };
 
@@ -158,7 +161,12 @@ class Handoffs {
   bool running() const;
   std::vector<HandoffStatus> Report() const;
   // `fleetfs drain --undo`: forget the finished handoffs (the caller
-  // unparks their ranges). Running ones go on.
+  // unparks their ranges). Running ones go on, except one whose offer or
+  // release is out: HostOwnership::Unpark lets that range be claimed once
+  // the store answers, so Released forgets the handoff then, whatever the
+  // answer, and the range is claimed and served again (not left parked
+  // here while held). One still waiting to send (StartHandoff said wait)
+  // is not parked yet, so it goes on and ends parked.
   std::vector<lease::SlotRange> Undo();
   // The offer windows that ended unclaimed, per a read of the store at
   // store time `store_now`: the row of the range is still this agent's,
@@ -185,6 +193,8 @@ class Handoffs {
     bool job_running = false;
     // Set when the store took the offer: the window ends then.
     std::optional<MonoTime> offer_end;
+    // An undo came while the offer or release was out (see Undo).
+    bool undone = false;
   };
 
   Status Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,

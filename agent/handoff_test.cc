@@ -201,6 +201,54 @@ TEST_F(HandoffsTest, undo_and_an_offer_back_forget_finished_handoffs_only) {
   EXPECT_TRUE(handoffs_.Forget(Range(0, 99)));
 }
 
+TEST_F(HandoffsTest, an_undo_while_the_offer_is_out_serves_the_range_again_when_the_offer_fails) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  ASSERT_EQ(handoffs_.StopWorkDone(At(10), Range(0, 99), true).release,
+            (std::vector{Range(0, 99)}));
+  // The offer is out: the undo cannot stop it, HostOwnership unparks the
+  // range once it answers, so the handoff must give the range back then.
+  EXPECT_TRUE(handoffs_.Undo().empty()) << "a running handoff is not forgotten at once";
+  EXPECT_TRUE(handoffs_.running());
+  HandoffActions answered =
+      handoffs_.Released(At(20), Range(0, 99), true, Status(Code::kUnavailable, "store down"));
+  EXPECT_TRUE(handoffs_.withheld().empty()) << "held again by the next claim, so served";
+  EXPECT_TRUE(handoffs_.Report().empty());
+  EXPECT_TRUE(answered.publish);
+  EXPECT_EQ(answered.claim, (std::vector{Range(0, 99)})) << "claimed at once, not at the next refresh";
+  ASSERT_EQ(answered.log.size(), 1u);
+  EXPECT_NE(answered.log[0].text.find("undone"), std::string::npos) << answered.log[0].text;
+}
+
+TEST_F(HandoffsTest, an_undo_while_the_offer_is_out_forgets_the_handoff_whatever_the_answer) {
+  for (const Result<bool>& answer : {Result<bool>(true), Result<bool>(false)}) {
+    Handoffs handoffs{HandoffOptions{kGrace, kFlush, Millis(30'000)}};
+    ASSERT_TRUE(handoffs.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+    handoffs.Step(At(0), [](lease::SlotRange) { return std::size_t{0}; });
+    handoffs.StopWorkDone(At(10), Range(0, 99), true);
+    handoffs.Undo();
+    handoffs.Released(At(20), Range(0, 99), true, answer);
+    // A standing offer refuses this host's claim until the target takes it
+    // or the window ends; then this host claims the normal way and serves.
+    EXPECT_TRUE(handoffs.withheld().empty());
+    EXPECT_TRUE(handoffs.Forget(Range(0, 99)));
+  }
+}
+
+TEST_F(HandoffsTest, an_undo_before_the_offer_is_sent_lets_the_handoff_go_on) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.ReleaseWaits(At(10), Range(0, 99));
+  // Not parked yet (StartHandoff said wait), so the undo unparked nothing:
+  // the handoff goes on, and its range stays parked until the next undo.
+  handoffs_.Undo();
+  EXPECT_EQ(Step(30).release, (std::vector{Range(0, 99)}));
+  handoffs_.Released(At(40), Range(0, 99), true, true);
+  EXPECT_EQ(handoffs_.Report().front().state, "done");
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+}
+
 TEST(ControlRequest, well_formed_requests_parse_and_print_back) {
   auto handoff = ParseControlRequest("handoff 0-8191 to host-b\n");
   ASSERT_TRUE(handoff.ok()) << handoff.status().message();

@@ -485,11 +485,9 @@ vfs::MountOptions::ControlReply Agent::HandleControl(const ControlRequest& reque
           }
           parked_now.push_back(range);
         }
-        for (SlotRange range : plan->hand_off) {
-          const Status ok = handoffs_.Request(now, range, request.to, status, refresher_->owner());
-          if (!ok.ok()) return refuse(ok.message());  // checked by PlanDrain: not reached
-          started.push_back(range);
-        }
+        const Status ok = handoffs_.Drain(now, *plan, request.to, status, refresher_->owner());
+        if (!ok.ok()) return refuse(ok.message());  // checked by PlanDrain: not reached
+        started = plan->hand_off;
       }
       std::string ranges;
       for (SlotRange r : started) ranges += (ranges.empty() ? "" : ",") + r.ToString();
@@ -613,6 +611,12 @@ void Agent::StartOfferRead() {
           offer_watch_.Answered(table, unheld, refresher_->owner(), store_now);
       for (SlotRange r : offered) {
         if (refresher_->parked(r)) {
+          if (handoffs_.drained(r)) {
+            spdlog::warn("range {} is offered to this agent, which is drained: not claiming it "
+                         "(the offer ends with its window; 'fleetfs drain --undo' claims again)",
+                         r.ToString());
+            continue;
+          }
           if (!handoffs_.Forget(r)) continue;  // still handing it off
           refresher_->Unpark(r);
         }

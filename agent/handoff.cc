@@ -186,6 +186,18 @@ Result<Handoffs::DrainPlan> Handoffs::PlanDrain(const std::optional<lease::Owner
   return plan;
 }
 
+Status Handoffs::Drain(MonoTime now, const DrainPlan& plan,
+                       const std::optional<lease::OwnerId>& to,
+                       const std::vector<lease::RangeStatus>& status,
+                       const lease::OwnerId& self) {
+  for (lease::SlotRange range : plan.hand_off) {
+    FLEETFS_RETURN_IF_ERROR(Request(now, range, to, status, self));
+  }
+  drained_.insert(plan.hand_off.begin(), plan.hand_off.end());
+  drained_.insert(plan.park.begin(), plan.park.end());
+  return Status::Ok();
+}
+
 Status Handoffs::Request(MonoTime now, lease::SlotRange range,
                          const std::optional<lease::OwnerId>& to,
                          const std::vector<lease::RangeStatus>& status,
@@ -338,6 +350,7 @@ std::vector<HandoffStatus> Handoffs::Report() const {
 
 std::vector<lease::SlotRange> Handoffs::Undo() {
   std::vector<lease::SlotRange> out;
+  drained_.clear();
   for (auto it = handoffs_.begin(); it != handoffs_.end();) {
     if (it->second.step == StepKind::kDone || it->second.step == StepKind::kAbandoned) {
       out.push_back(it->first);
@@ -383,6 +396,7 @@ std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
 }
 
 bool Handoffs::Forget(lease::SlotRange range) {
+  if (drained_.contains(range)) return false;
   auto it = handoffs_.find(range);
   if (it == handoffs_.end()) return true;
   if (it->second.step != StepKind::kDone && it->second.step != StepKind::kAbandoned) return false;

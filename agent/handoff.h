@@ -16,7 +16,8 @@
 // asks HostOwnership::StartHandoff (which waits while a store call of the
 // range may still land), then the store's Offer (to the target) or Release
 // (a drain with no target). Done: the range is parked, claimed again only
-// after `fleetfs drain --undo` or a restart.
+// after `fleetfs drain --undo`, a restart, or (handed off alone, not by a
+// drain) an offer back to this agent.
 //
 // Thread-safety: none; the loop thread owns it.
 #pragma once
@@ -142,6 +143,10 @@ class Handoffs {
   Result<DrainPlan> PlanDrain(const std::optional<lease::OwnerId>& to,
                               const std::vector<lease::RangeStatus>& status,
                               const lease::OwnerId& self) const;
+  // Starts `plan` (from PlanDrain; the caller parked plan.park already).
+  // Every range of the plan is drained until Undo: see Forget.
+  Status Drain(MonoTime now, const DrainPlan& plan, const std::optional<lease::OwnerId>& to,
+               const std::vector<lease::RangeStatus>& status, const lease::OwnerId& self);
 
   // The fences and the flush of `range` ended. At most one stop-work job
   // per range exists (Request refuses while an abandoned handoff's job
@@ -176,9 +181,16 @@ class Handoffs {
                                                const lease::OwnerId& self,
                                                std::int64_t store_now,
                                                std::vector<LogLine>& log);
-  // The range was offered back to this agent: forget its finished handoff
-  // (the caller unparks it and claims). False while one still runs.
+  // The range was offered to this agent while parked here: forget its
+  // finished handoff (the caller unparks it and claims). A range handed off
+  // alone is taken back so (a handoff back). False while one still runs,
+  // and for a drained range until Undo: a drain is the operator's promise
+  // that this host takes nothing (maintenance), whether it gave the range
+  // up or never held it, so the offer is left to its window; then the
+  // offering host, seeing it not taken, claims the range again.
   bool Forget(lease::SlotRange range);
+  // Whether `range` is part of a drain not undone yet.
+  bool drained(lease::SlotRange range) const { return drained_.contains(range); }
 
  private:
   enum class StepKind { kDraining, kStopWork, kReleasing, kReleaseWait, kDone, kAbandoned };
@@ -208,6 +220,7 @@ class Handoffs {
 
   HandoffOptions options_;
   std::map<lease::SlotRange, One> handoffs_;
+  std::set<lease::SlotRange> drained_;  // every range of a drain, until Undo
 };
 
 // OfferWatch: while a configured range is not held here (another owner

@@ -249,6 +249,36 @@ TEST_F(HandoffsTest, an_undo_before_the_offer_is_sent_lets_the_handoff_go_on) {
   EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
 }
 
+TEST_F(HandoffsTest, a_drained_range_is_not_taken_on_an_offer_to_this_host_until_undo) {
+  status_[1] = Served(Range(100, 199), false);  // held by another host
+  auto plan = handoffs_.PlanDrain(Owner("b"), status_, Owner("a"));
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_EQ(plan->park, (std::vector{Range(100, 199)}));
+  ASSERT_TRUE(handoffs_.Drain(At(0), *plan, Owner("b"), status_, Owner("a")).ok());
+  // The other host offers 100-199 here: the drain promised this host takes
+  // nothing, so the offer is left to its window.
+  EXPECT_FALSE(handoffs_.Forget(Range(100, 199)));
+  // Nor is a range the drain handed off taken when it is offered back.
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  EXPECT_FALSE(handoffs_.Forget(Range(0, 99)));
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+  // Undone: offers are taken again.
+  EXPECT_EQ(handoffs_.Undo(), (std::vector{Range(0, 99)}));
+  EXPECT_TRUE(handoffs_.Forget(Range(100, 199)));
+  EXPECT_TRUE(handoffs_.Forget(Range(0, 99)));
+}
+
+TEST_F(HandoffsTest, a_range_handed_off_alone_is_taken_back_when_offered_back) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  EXPECT_TRUE(handoffs_.Forget(Range(0, 99))) << "a handoff back, not a drain";
+  EXPECT_TRUE(handoffs_.withheld().empty());
+}
+
 TEST(ControlRequest, well_formed_requests_parse_and_print_back) {
   auto handoff = ParseControlRequest("handoff 0-8191 to host-b\n");
   ASSERT_TRUE(handoff.ok()) << handoff.status().message();

@@ -562,9 +562,14 @@ void Agent::StartRangeStopWork(SlotRange range) {
         Agent* agent = w->agent;
         --agent->work_in_flight_;
         if (agent->lifecycle_.phase() == Phase::kStopped) return;
-        agent->ApplyHandoff(
-            agent->handoffs_.StopWorkDone(agent->mono_.Now(), w->range, w->all_shipped));
-        agent->Arm(MonoTime::max());
+        // Once the shutdown's own stop work ended it starts no store call
+        // (Lifecycle::renews): no offer starts then, its release takes the range.
+        agent->ApplyHandoff(agent->handoffs_.StopWorkDone(agent->mono_.Now(), w->range,
+                                                          w->all_shipped,
+                                                          agent->lifecycle_.renews()));
+        // A full step, not Arm(max): Arm alone would drop the lifecycle's
+        // own wake (a stop's settle or release deadline) when it renews no more.
+        agent->Step();
       });
 }
 

@@ -234,7 +234,8 @@ void Handoffs::Abandon(lease::SlotRange range, One& h, std::string why, HandoffA
       Describe(range, h) + " abandoned: " + why + "; serving the range again");
 }
 
-HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped) {
+HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped,
+                                      bool may_call_store) {
   (void)now;
   HandoffActions out;
   auto it = handoffs_.find(range);
@@ -243,6 +244,16 @@ HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool
   if (it->second.step != StepKind::kStopWork) return out;  // abandoned: too late
   if (!all_shipped) {
     Abandon(range, it->second, "committed transactions are not all shipped to the replica", out);
+    return out;
+  }
+  if (!may_call_store) {
+    // The range is still held: the shutdown's release (or lapse) takes it
+    // with the others, under the same rule.
+    it->second.step = StepKind::kDone;
+    it->second.note = "the agent is stopping; the range goes with its release, not offered";
+    Log(out, LogLine::Level::kInfo,
+        Describe(range, it->second) + ": fenced, and every commit is shipped; " +
+            it->second.note);
     return out;
   }
   Log(out, LogLine::Level::kInfo,

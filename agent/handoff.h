@@ -151,7 +151,17 @@ class Handoffs {
   // The fences and the flush of `range` ended. At most one stop-work job
   // per range exists (Request refuses while an abandoned handoff's job
   // still runs), so the result is the current handoff's.
-  HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped);
+  // `may_call_store` is Lifecycle::renews(). A shutdown (SIGTERM) does not
+  // stop a handoff while it still renews (draining, its own fences and
+  // flush): the range is fenced with every commit shipped, so the offer
+  // loses nothing and the target claims at once, not a refresh after the
+  // shutdown's plain release. Once it renews no more, the shutdown waits
+  // for running store calls before its release rule and starts none, so
+  // no offer starts either (one outliving ttl/3 would make every range
+  // lapse): the handoff ends done, and the held range goes with the
+  // shutdown's release.
+  HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped,
+                              bool may_call_store);
   // HostOwnership::StartHandoff said wait: ask again at the next step.
   HandoffActions ReleaseWaits(MonoTime now, lease::SlotRange range);
   // The store answered the offer or release (or none was needed: `sent` false).

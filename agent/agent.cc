@@ -485,11 +485,9 @@ vfs::MountOptions::ControlReply Agent::HandleControl(const ControlRequest& reque
           }
           parked_now.push_back(range);
         }
-        for (SlotRange range : plan->hand_off) {
-          const Status ok = handoffs_.Request(now, range, request.to, status, refresher_->owner());
-          if (!ok.ok()) return refuse(ok.message());  // checked by PlanDrain: not reached
-          started.push_back(range);
-        }
+        const Status ok = handoffs_.Drain(now, *plan, request.to, status, refresher_->owner());
+        if (!ok.ok()) return refuse(ok.message());  // checked by PlanDrain: not reached
+        started = plan->hand_off;
       }
       std::string ranges;
       for (SlotRange r : started) ranges += (ranges.empty() ? "" : ",") + r.ToString();
@@ -530,6 +528,8 @@ void Agent::ApplyHandoff(HandoffActions actions) {
   if (actions.publish) Publish();
   for (SlotRange r : actions.stop_work) StartRangeStopWork(r);
   for (SlotRange r : actions.release) SendHandoffRelease(r);
+  for (SlotRange r : actions.claim) refresher_->Unpark(r);
+  if (!actions.claim.empty()) claim_now_ = true;
   handoff_wake_ = std::min(handoff_wake_, actions.wake);
   std::lock_guard lock(backing_mu_);
   handoff_status_ = handoffs_.Report();
@@ -562,9 +562,14 @@ void Agent::StartRangeStopWork(SlotRange range) {
         Agent* agent = w->agent;
         --agent->work_in_flight_;
         if (agent->lifecycle_.phase() == Phase::kStopped) return;
-        agent->ApplyHandoff(
-            agent->handoffs_.StopWorkDone(agent->mono_.Now(), w->range, w->all_shipped));
-        agent->Arm(MonoTime::max());
+        // Once the shutdown's own stop work ended it starts no store call
+        // (Lifecycle::renews): no offer starts then, its release takes the range.
+        agent->ApplyHandoff(agent->handoffs_.StopWorkDone(agent->mono_.Now(), w->range,
+                                                          w->all_shipped,
+                                                          agent->lifecycle_.renews()));
+        // A full step, not Arm(max): Arm alone would drop the lifecycle's
+        // own wake (a stop's settle or release deadline) when it renews no more.
+        agent->Step();
       });
 }
 
@@ -611,6 +616,12 @@ void Agent::StartOfferRead() {
           offer_watch_.Answered(table, unheld, refresher_->owner(), store_now);
       for (SlotRange r : offered) {
         if (refresher_->parked(r)) {
+          if (handoffs_.drained(r)) {
+            spdlog::warn("range {} is offered to this agent, which is drained: not claiming it "
+                         "(the offer ends with its window; 'fleetfs drain --undo' claims again)",
+                         r.ToString());
+            continue;
+          }
           if (!handoffs_.Forget(r)) continue;  // still handing it off
           refresher_->Unpark(r);
         }

@@ -186,6 +186,18 @@ Result<Handoffs::DrainPlan> Handoffs::PlanDrain(const std::optional<lease::Owner
   return plan;
 }
 
+Status Handoffs::Drain(MonoTime now, const DrainPlan& plan,
+                       const std::optional<lease::OwnerId>& to,
+                       const std::vector<lease::RangeStatus>& status,
+                       const lease::OwnerId& self) {
+  for (lease::SlotRange range : plan.hand_off) {
+    FLEETFS_RETURN_IF_ERROR(Request(now, range, to, status, self));
+  }
+  drained_.insert(plan.hand_off.begin(), plan.hand_off.end());
+  drained_.insert(plan.park.begin(), plan.park.end());
+  return Status::Ok();
+}
+
 Status Handoffs::Request(MonoTime now, lease::SlotRange range,
                          const std::optional<lease::OwnerId>& to,
                          const std::vector<lease::RangeStatus>& status,
@@ -222,7 +234,8 @@ void Handoffs::Abandon(lease::SlotRange range, One& h, std::string why, HandoffA
       Describe(range, h) + " abandoned: " + why + "; serving the range again");
 }
 
-HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped) {
+HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped,
+                                      bool may_call_store) {
   (void)now;
   HandoffActions out;
   auto it = handoffs_.find(range);
@@ -231,6 +244,16 @@ HandoffActions Handoffs::StopWorkDone(MonoTime now, lease::SlotRange range, bool
   if (it->second.step != StepKind::kStopWork) return out;  // abandoned: too late
   if (!all_shipped) {
     Abandon(range, it->second, "committed transactions are not all shipped to the replica", out);
+    return out;
+  }
+  if (!may_call_store) {
+    // The range is still held: the shutdown's release (or lapse) takes it
+    // with the others, under the same rule.
+    it->second.step = StepKind::kDone;
+    it->second.note = "the agent is stopping; the range goes with its release, not offered";
+    Log(out, LogLine::Level::kInfo,
+        Describe(range, it->second) + ": fenced, and every commit is shipped; " +
+            it->second.note);
     return out;
   }
   Log(out, LogLine::Level::kInfo,
@@ -245,6 +268,7 @@ HandoffActions Handoffs::ReleaseWaits(MonoTime now, lease::SlotRange range) {
   auto it = handoffs_.find(range);
   if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
   it->second.step = StepKind::kReleaseWait;
+  it->second.undone = false;  // nothing was sent, so nothing was unparked
   Wake(out, now + Millis(20));
   return out;
 }
@@ -255,6 +279,25 @@ HandoffActions Handoffs::Released(MonoTime now, lease::SlotRange range, bool sen
   auto it = handoffs_.find(range);
   if (it == handoffs_.end() || it->second.step != StepKind::kReleasing) return out;
   One& h = it->second;
+  if (h.undone) {
+    // HostOwnership unparked the range at this answer: keeping the handoff
+    // would withhold a range this host claims again (held, never served).
+    // An offer the store took still stands: it refuses this host's claim
+    // until the target takes the range or the window ends.
+    std::string answered = !sent          ? "nothing was held"
+                           : !answer.ok() ? "the store did not confirm (" +
+                                                answer.status().message() + ")"
+                           : !*answer     ? "the store no longer held it for this agent"
+                           : h.to         ? "the offer to '" + h.to->str() + "' stands its window"
+                                          : "released";
+    Log(out, LogLine::Level::kInfo,
+        Describe(range, h) + " undone while it was out (" + answered +
+            "); claiming the range again");
+    handoffs_.erase(it);
+    out.publish = true;
+    out.claim.push_back(range);
+    return out;
+  }
   h.step = StepKind::kDone;
   if (!sent) {
     h.note = "the range was not held; nothing to release";
@@ -318,12 +361,14 @@ std::vector<HandoffStatus> Handoffs::Report() const {
 
 std::vector<lease::SlotRange> Handoffs::Undo() {
   std::vector<lease::SlotRange> out;
+  drained_.clear();
   for (auto it = handoffs_.begin(); it != handoffs_.end();) {
     if (it->second.step == StepKind::kDone || it->second.step == StepKind::kAbandoned) {
       out.push_back(it->first);
       // Kept while its job runs, so a new handoff waits for that job.
       it = it->second.job_running ? std::next(it) : handoffs_.erase(it);
     } else {
+      if (it->second.step == StepKind::kReleasing) it->second.undone = true;
       ++it;
     }
   }
@@ -362,6 +407,7 @@ std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
 }
 
 bool Handoffs::Forget(lease::SlotRange range) {
+  if (drained_.contains(range)) return false;
   auto it = handoffs_.find(range);
   if (it == handoffs_.end()) return true;
   if (it->second.step != StepKind::kDone && it->second.step != StepKind::kAbandoned) return false;

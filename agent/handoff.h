@@ -16,7 +16,8 @@
 // asks HostOwnership::StartHandoff (which waits while a store call of the
 // range may still land), then the store's Offer (to the target) or Release
 // (a drain with no target). Done: the range is parked, claimed again only
-// after `fleetfs drain --undo` or a restart.
+// after `fleetfs drain --undo`, a restart, or (handed off alone, not by a
+// drain) an offer back to this agent.
 //
 // Thread-safety: none; the loop thread owns it.
 #pragma once
@@ -81,6 +82,9 @@ struct HandoffActions {
   std::vector<lease::SlotRange> stop_work;  // fence, then flush these; then StopWorkDone
   // HostOwnership::StartHandoff, then Offer or Release; then Released.
   std::vector<lease::SlotRange> release;
+  // Given back by an undo that came while their offer or release was out:
+  // unpark (HostOwnership already did, at the answer) and claim them now.
+  std::vector<lease::SlotRange> claim;
   MonoTime wake = MonoTime::max();
 };
 
@@ -139,11 +143,25 @@ class Handoffs {
   Result<DrainPlan> PlanDrain(const std::optional<lease::OwnerId>& to,
                               const std::vector<lease::RangeStatus>& status,
                               const lease::OwnerId& self) const;
+  // Starts `plan` (from PlanDrain; the caller parked plan.park already).
+  // Every range of the plan is drained until Undo: see Forget.
+  Status Drain(MonoTime now, const DrainPlan& plan, const std::optional<lease::OwnerId>& to,
+               const std::vector<lease::RangeStatus>& status, const lease::OwnerId& self);
 
   // The fences and the flush of `range` ended. At most one stop-work job
   // per range exists (Request refuses while an abandoned handoff's job
   // still runs), so the result is the current handoff's.
-  HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped);
+  // `may_call_store` is Lifecycle::renews(). A shutdown (SIGTERM) does not
+  // stop a handoff while it still renews (draining, its own fences and
+  // flush): the range is fenced with every commit shipped, so the offer
+  // loses nothing and the target claims at once, not a refresh after the
+  // shutdown's plain release. Once it renews no more, the shutdown waits
+  // for running store calls before its release rule and starts none, so
+  // no offer starts either (one outliving ttl/3 would make every range
+  // lapse): the handoff ends done, and the held range goes with the
+  // shutdown's release.
+  HandoffActions StopWorkDone(MonoTime now, lease::SlotRange range, bool all_shipped,
+                              bool may_call_store);
   // HostOwnership::StartHandoff said wait: ask again at the next step.
   HandoffActions ReleaseWaits(MonoTime now, lease::SlotRange range);
   // The store answered the offer or release (or none was needed: `sent` false).
@@ -158,7 +176,12 @@ class Handoffs {
   bool running() const;
   std::vector<HandoffStatus> Report() const;
   // `fleetfs drain --undo`: forget the finished handoffs (the caller
-  // unparks their ranges). Running ones go on.
+  // unparks their ranges). Running ones go on, except one whose offer or
+  // release is out: HostOwnership::Unpark lets that range be claimed once
+  // the store answers, so Released forgets the handoff then, whatever the
+  // answer, and the range is claimed and served again (not left parked
+  // here while held). One still waiting to send (StartHandoff said wait)
+  // is not parked yet, so it goes on and ends parked.
   std::vector<lease::SlotRange> Undo();
   // The offer windows that ended unclaimed, per a read of the store at
   // store time `store_now`: the row of the range is still this agent's,
@@ -168,9 +191,16 @@ class Handoffs {
                                                const lease::OwnerId& self,
                                                std::int64_t store_now,
                                                std::vector<LogLine>& log);
-  // The range was offered back to this agent: forget its finished handoff
-  // (the caller unparks it and claims). False while one still runs.
+  // The range was offered to this agent while parked here: forget its
+  // finished handoff (the caller unparks it and claims). A range handed off
+  // alone is taken back so (a handoff back). False while one still runs,
+  // and for a drained range until Undo: a drain is the operator's promise
+  // that this host takes nothing (maintenance), whether it gave the range
+  // up or never held it, so the offer is left to its window; then the
+  // offering host, seeing it not taken, claims the range again.
   bool Forget(lease::SlotRange range);
+  // Whether `range` is part of a drain not undone yet.
+  bool drained(lease::SlotRange range) const { return drained_.contains(range); }
 
  private:
   enum class StepKind { kDraining, kStopWork, kReleasing, kReleaseWait, kDone, kAbandoned };
@@ -185,6 +215,8 @@ class Handoffs {
     bool job_running = false;
     // Set when the store took the offer: the window ends then.
     std::optional<MonoTime> offer_end;
+    // An undo came while the offer or release was out (see Undo).
+    bool undone = false;
   };
 
   Status Check(lease::SlotRange range, const std::optional<lease::OwnerId>& to,
@@ -198,6 +230,7 @@ class Handoffs {
 
   HandoffOptions options_;
   std::map<lease::SlotRange, One> handoffs_;
+  std::set<lease::SlotRange> drained_;  // every range of a drain, until Undo
 };
 
 // OfferWatch: while a configured range is not held here (another owner

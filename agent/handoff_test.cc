@@ -42,7 +42,8 @@ TEST_F(HandoffsTest, a_range_with_no_open_handle_is_fenced_flushed_and_released_
   EXPECT_EQ(step.stop_work, (std::vector{Range(0, 99)}));
   EXPECT_TRUE(handoffs_.draining().empty());
   EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
-  HandoffActions done = handoffs_.StopWorkDone(At(30), Range(0, 99), /*all_shipped=*/true);
+  HandoffActions done = handoffs_.StopWorkDone(At(30), Range(0, 99), /*all_shipped=*/true,
+                                               /*may_call_store=*/true);
   EXPECT_EQ(done.release, (std::vector{Range(0, 99)}));
   HandoffActions released = handoffs_.Released(At(40), Range(0, 99), true, true);
   EXPECT_EQ(handoffs_.Report().front().state, "done");
@@ -69,7 +70,8 @@ TEST_F(HandoffsTest, open_handles_get_the_grace_then_are_fenced) {
 TEST_F(HandoffsTest, a_handoff_whose_commits_are_not_all_shipped_is_abandoned_and_served_again) {
   ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   Step(0);
-  HandoffActions done = handoffs_.StopWorkDone(At(30), Range(0, 99), /*all_shipped=*/false);
+  HandoffActions done = handoffs_.StopWorkDone(At(30), Range(0, 99), /*all_shipped=*/false,
+                                               /*may_call_store=*/true);
   EXPECT_TRUE(done.release.empty());
   EXPECT_TRUE(done.publish);
   EXPECT_TRUE(handoffs_.withheld().empty());
@@ -86,7 +88,7 @@ TEST_F(HandoffsTest, stop_work_past_its_limit_abandons_the_handoff) {
   EXPECT_TRUE(late.publish);
   EXPECT_EQ(handoffs_.Report().front().state, "abandoned");
   // The late answer changes nothing.
-  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'001), Range(0, 99), true).release.empty());
+  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'001), Range(0, 99), true, true).release.empty());
 }
 
 TEST_F(HandoffsTest, a_stale_stop_work_of_an_abandoned_handoff_never_releases_a_later_one) {
@@ -99,12 +101,12 @@ TEST_F(HandoffsTest, a_stale_stop_work_of_an_abandoned_handoff_never_releases_a_
       << again.message();
   EXPECT_TRUE(Step(20'001).stop_work.empty());
   // The old job's late result: nothing is released, before any new fence.
-  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'002), Range(0, 99), true).release.empty());
+  EXPECT_TRUE(handoffs_.StopWorkDone(At(20'002), Range(0, 99), true, true).release.empty());
   EXPECT_TRUE(handoffs_.Undo().size() == 1);
   // Now a new handoff runs its own fence and flush before any release.
   ASSERT_TRUE(handoffs_.Request(At(20'003), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   EXPECT_EQ(Step(20'003).stop_work, (std::vector{Range(0, 99)}));
-  EXPECT_EQ(handoffs_.StopWorkDone(At(20'010), Range(0, 99), true).release,
+  EXPECT_EQ(handoffs_.StopWorkDone(At(20'010), Range(0, 99), true, true).release,
             (std::vector{Range(0, 99)}));
 }
 
@@ -136,7 +138,7 @@ TEST_F(HandoffsTest, a_drain_never_releases_a_held_range_that_is_not_served) {
 TEST_F(HandoffsTest, an_offer_nobody_takes_gives_the_range_back_after_the_window) {
   ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
   handoffs_.Released(At(20), Range(0, 99), true, true);
   lease::OwnershipTable table;
   ASSERT_TRUE(table.Claim(Range(0, 99), Owner("a"), 0, Millis(30'000)).ok());
@@ -169,7 +171,7 @@ TEST(ControlRequest, a_handoff_to_an_owner_needs_a_replica_and_a_release_does_no
 TEST_F(HandoffsTest, a_release_that_must_wait_for_a_running_call_is_asked_again_at_the_next_step) {
   ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
   EXPECT_EQ(handoffs_.ReleaseWaits(At(10), Range(0, 99)).wake, At(30));
   EXPECT_EQ(Step(30).release, (std::vector{Range(0, 99)}));
 }
@@ -193,12 +195,117 @@ TEST_F(HandoffsTest, undo_and_an_offer_back_forget_finished_handoffs_only) {
   ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   ASSERT_TRUE(handoffs_.Request(At(0), Range(100, 199), std::nullopt, status_, Owner("a")).ok());
   Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
   handoffs_.Released(At(20), Range(0, 99), true, true);
   EXPECT_FALSE(handoffs_.Forget(Range(100, 199))) << "still running";
   EXPECT_EQ(handoffs_.Undo(), (std::vector{Range(0, 99)}));
   EXPECT_EQ(handoffs_.withheld(), (std::set{Range(100, 199)}));
   EXPECT_TRUE(handoffs_.Forget(Range(0, 99)));
+}
+
+TEST_F(HandoffsTest, an_undo_while_the_offer_is_out_serves_the_range_again_when_the_offer_fails) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  ASSERT_EQ(handoffs_.StopWorkDone(At(10), Range(0, 99), true, true).release,
+            (std::vector{Range(0, 99)}));
+  // The offer is out: the undo cannot stop it, HostOwnership unparks the
+  // range once it answers, so the handoff must give the range back then.
+  EXPECT_TRUE(handoffs_.Undo().empty()) << "a running handoff is not forgotten at once";
+  EXPECT_TRUE(handoffs_.running());
+  HandoffActions answered =
+      handoffs_.Released(At(20), Range(0, 99), true, Status(Code::kUnavailable, "store down"));
+  EXPECT_TRUE(handoffs_.withheld().empty()) << "held again by the next claim, so served";
+  EXPECT_TRUE(handoffs_.Report().empty());
+  EXPECT_TRUE(answered.publish);
+  EXPECT_EQ(answered.claim, (std::vector{Range(0, 99)})) << "claimed now, not at the next refresh";
+  ASSERT_EQ(answered.log.size(), 1u);
+  EXPECT_NE(answered.log[0].text.find("undone"), std::string::npos) << answered.log[0].text;
+}
+
+TEST_F(HandoffsTest, an_undo_while_the_offer_is_out_forgets_the_handoff_whatever_the_answer) {
+  for (const Result<bool>& answer : {Result<bool>(true), Result<bool>(false)}) {
+    Handoffs handoffs{HandoffOptions{kGrace, kFlush, Millis(30'000)}};
+    ASSERT_TRUE(handoffs.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+    handoffs.Step(At(0), [](lease::SlotRange) { return std::size_t{0}; });
+    handoffs.StopWorkDone(At(10), Range(0, 99), true, true);
+    handoffs.Undo();
+    handoffs.Released(At(20), Range(0, 99), true, answer);
+    // A standing offer refuses this host's claim until the target takes it
+    // or the window ends; then this host claims the normal way and serves.
+    EXPECT_TRUE(handoffs.withheld().empty());
+    EXPECT_TRUE(handoffs.Forget(Range(0, 99)));
+  }
+}
+
+TEST_F(HandoffsTest, an_undo_before_the_offer_is_sent_lets_the_handoff_go_on) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+  handoffs_.ReleaseWaits(At(10), Range(0, 99));
+  // Not parked yet (StartHandoff said wait), so the undo unparked nothing:
+  // the handoff goes on, and its range stays parked until the next undo.
+  handoffs_.Undo();
+  EXPECT_EQ(Step(30).release, (std::vector{Range(0, 99)}));
+  handoffs_.Released(At(40), Range(0, 99), true, true);
+  EXPECT_EQ(handoffs_.Report().front().state, "done");
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+}
+
+TEST_F(HandoffsTest, a_drained_range_is_not_taken_on_an_offer_to_this_host_until_undo) {
+  status_[1] = Served(Range(100, 199), false);  // held by another host
+  auto plan = handoffs_.PlanDrain(Owner("b"), status_, Owner("a"));
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_EQ(plan->park, (std::vector{Range(100, 199)}));
+  ASSERT_TRUE(handoffs_.Drain(At(0), *plan, Owner("b"), status_, Owner("a")).ok());
+  // The other host offers 100-199 here: the drain promised this host takes
+  // nothing, so the offer is left to its window.
+  EXPECT_FALSE(handoffs_.Forget(Range(100, 199)));
+  // Nor is a range the drain handed off taken when it is offered back.
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  EXPECT_FALSE(handoffs_.Forget(Range(0, 99)));
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+  // Undone: offers are taken again.
+  EXPECT_EQ(handoffs_.Undo(), (std::vector{Range(0, 99)}));
+  EXPECT_TRUE(handoffs_.Forget(Range(100, 199)));
+  EXPECT_TRUE(handoffs_.Forget(Range(0, 99)));
+}
+
+TEST_F(HandoffsTest, a_range_handed_off_alone_is_taken_back_when_offered_back) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  EXPECT_TRUE(handoffs_.Forget(Range(0, 99))) << "a handoff back, not a drain";
+  EXPECT_TRUE(handoffs_.withheld().empty());
+}
+
+TEST_F(HandoffsTest, no_offer_starts_once_the_shutdown_settles_its_release_takes_the_range) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  // SIGTERM came, and the shutdown's own stop work ended: it starts no
+  // store call and waits for the running ones before its release rule. An
+  // offer now would hold that rule open (every range lapses if it outlives
+  // ttl/3); the range is still held, so the shutdown's release takes it.
+  HandoffActions done =
+      handoffs_.StopWorkDone(At(10), Range(0, 99), /*all_shipped=*/true, /*may_call_store=*/false);
+  EXPECT_TRUE(done.release.empty());
+  EXPECT_FALSE(handoffs_.running());
+  EXPECT_EQ(handoffs_.Report().front().state, "done");
+  EXPECT_NE(handoffs_.Report().front().note.find("stopping"), std::string::npos);
+  EXPECT_TRUE(Step(20).release.empty());
+}
+
+TEST_F(HandoffsTest, an_offer_still_starts_while_the_shutdown_renews) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  // SIGTERM came, but its drain or stop work still runs and renews: every
+  // commit of the range is shipped and it is fenced, so the offer loses
+  // nothing, and the target claims at once rather than at its next refresh
+  // after the shutdown's release.
+  EXPECT_EQ(handoffs_.StopWorkDone(At(10), Range(0, 99), true, /*may_call_store=*/true).release,
+            (std::vector{Range(0, 99)}));
 }
 
 TEST(ControlRequest, well_formed_requests_parse_and_print_back) {

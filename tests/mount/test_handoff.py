@@ -269,8 +269,18 @@ class Handoff(MountTest):
         # B claims the released range at its next refresh; A does not take it back.
         b.wait_states("serving", timeout=TTL_S * 2)
         self.assertEqual(a.states(), ["handed-off"])
+        # Drained, A takes nothing, not even a handoff back: the offer ends
+        # with its window, and B, seeing it not taken, serves again.
+        r = self.cli("handoff", ALL, "--to", a.owner, "--mount", b.mount, "--timeout", "1")
+        self.assertEqual(r.returncode, 7, r.stdout + r.stderr)
+        self.assertEqual(a.states(), ["handed-off"])
+        b.wait_states("serving", timeout=TTL_S * 3)
+        self.assertEqual(a.states(), ["handed-off"])
+        r = self.cli("drain", "--undo", "--mount", a.mount)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        a.wait_states("waiting", timeout=TTL_S * 2)
         r = self.cli("handoff", ALL, "--to", a.owner, "--mount", b.mount)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)  # a handoff back is taken
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)  # undone: a handoff is taken
         a.wait_states("serving")
         r = self.cli("drain", "--to", b.owner, "--mount", a.mount)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)

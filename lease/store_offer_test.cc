@@ -191,5 +191,26 @@ TYPED_TEST(StoreOfferTest,
   EXPECT_TRUE(AsGrant(this->store().Claim(Range(50, 99), Owner("c"), kTtl, 0)).fresh);
 }
 
+TYPED_TEST(StoreOfferTest, a_read_of_the_offers_shows_each_standing_offer_to_its_target) {
+  const Grant a = AsGrant(this->store().Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  AsGrant(this->store().Claim(Range(200, 299), Owner("c"), kTtl, 0));
+  ASSERT_TRUE(*this->store().Offer(Range(0, 99), Owner("a"), a.epoch, Owner("b"), kWindow));
+  auto standing = [&] {
+    const auto table = this->store().ReadOffers();
+    EXPECT_TRUE(table.ok()) << table.status().message();
+    std::vector<std::pair<SlotRange, std::string>> offers;
+    const std::int64_t now = this->store().NowMs();
+    for (const auto& row : table.ok() ? table->rows() : std::vector<OwnershipRow>{}) {
+      if (row.offered_to && row.offer_expires_ms > now && row.lease_expires_ms <= now) {
+        offers.emplace_back(row.range, row.offered_to->str());
+      }
+    }
+    return offers;
+  };
+  EXPECT_EQ(standing(), (std::vector<std::pair<SlotRange, std::string>>{{Range(0, 99), "b"}}));
+  this->env_.EndWindow(Range(0, 99));
+  EXPECT_TRUE(standing().empty());
+}
+
 }  // namespace
 }  // namespace fleetfs::lease

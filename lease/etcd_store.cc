@@ -117,6 +117,26 @@ Result<EtcdStore::StoredRow> EtcdStore::ParseOffer(const EtcdKv& kv, SlotRange r
   return row;
 }
 
+std::optional<EtcdStore::StoredRow> EtcdStore::OfferOf(const EtcdKv& kv) const {
+  const std::string offers_prefix = prefix_ + "/offers/";
+  // A name that is no range is not ours (a fleet nested at PREFIX/offers).
+  const std::string_view name = std::string_view(kv.key).substr(offers_prefix.size());
+  if (name.size() != 11 || name[5] != '-') return std::nullopt;
+  const auto first = Decimal(name.substr(0, 5), kLastSlot);
+  const auto last = Decimal(name.substr(6), kLastSlot);
+  if (!first || !last) return std::nullopt;
+  auto made = SlotRange::Make(static_cast<int>(*first), static_cast<int>(*last));
+  if (!made.ok() || OfferKey(*made) != kv.key) return std::nullopt;
+  // An offer is a hint (a claim decides by the rows and the counter): a
+  // malformed one is skipped, not made every read of the fleet fail.
+  auto offer = ParseOffer(kv, *made);
+  if (!offer.ok()) {
+    spdlog::warn("{}; the offer is ignored", offer.status().message());
+    return std::nullopt;
+  }
+  return std::move(*offer);
+}
+
 std::string EtcdStore::RowKey(SlotRange range) const {
   char name[16];
   std::snprintf(name, sizeof name, "%05d-%05d", range.first(), range.last());
@@ -173,22 +193,7 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
       continue;
     }
     if (kv.key.starts_with(offers_prefix)) {
-      // A name that is no range is not ours (a fleet nested at PREFIX/offers).
-      const std::string_view name = std::string_view(kv.key).substr(offers_prefix.size());
-      if (name.size() != 11 || name[5] != '-') continue;
-      const auto first = Decimal(name.substr(0, 5), kLastSlot);
-      const auto last = Decimal(name.substr(6), kLastSlot);
-      if (!first || !last) continue;
-      auto made = SlotRange::Make(static_cast<int>(*first), static_cast<int>(*last));
-      if (!made.ok() || OfferKey(*made) != kv.key) continue;
-      // An offer is a hint (a claim decides by the rows and the counter): a
-      // malformed one is skipped, not made every read of the fleet fail.
-      auto offer = ParseOffer(kv, *made);
-      if (!offer.ok()) {
-        spdlog::warn("{}; the offer is ignored", offer.status().message());
-        continue;
-      }
-      offers.push_back(std::move(*offer));
+      if (auto offer = OfferOf(kv)) offers.push_back(std::move(*offer));
       continue;
     }
     // Keys that are neither the counter nor under PREFIX/rows/ are not
@@ -536,6 +541,33 @@ Result<OwnershipTable> EtcdStore::DoReadSlots(const std::vector<Slot>& slots) {
   return TableOf(held, snapshot.counter, url_);
 }
 
+// One range read of PREFIX/offers/ and a timetolive per offer: a poll costs
+// what the offers do, not what the table (up to 16384 rows) does.
+Result<OwnershipTable> EtcdStore::DoReadOffers() {
+  const MonoTime deadline = mono_.Now() + options_.call_timeout;
+  // [PREFIX/offers/, PREFIX/offers0): every key under it ('0' follows '/').
+  FLEETFS_ASSIGN_OR_RETURN(const EtcdRange range,
+                           client_->Range(prefix_ + "/offers/", prefix_ + "/offers0", deadline));
+  std::vector<StoredRow> offers;
+  for (const EtcdKv& kv : range.kvs) {
+    auto offer = OfferOf(kv);
+    if (!offer) continue;
+    // As Load: never one offer over another. Nor two at one epoch, which no
+    // table holds: a poll must not fail for a stale offer.
+    const bool clashes = std::any_of(offers.begin(), offers.end(), [&](const StoredRow& kept) {
+      return kept.row.range.Overlaps(offer->row.range) || kept.row.epoch == offer->row.epoch;
+    });
+    if (!clashes) offers.push_back(std::move(*offer));
+  }
+  std::vector<StoredRow*> rows;
+  for (StoredRow& offer : offers) rows.push_back(&offer);
+  FLEETFS_RETURN_IF_ERROR(FillExpiries(rows, deadline));
+  // A lease gone since the read: that offer ended (etcd removed it).
+  const WallMs now = wall_.NowMs();
+  std::erase_if(offers, [&](const StoredRow& offer) { return offer.row.offer_expires_ms <= now; });
+  return TableOf(offers, 0, url_);
+}
+
 namespace {
 
 template <typename T, typename F>
@@ -575,6 +607,11 @@ Result<bool> EtcdStore::Offer(SlotRange range, const OwnerId& owner, Epoch epoch
 
 Result<OwnershipTable> EtcdStore::Read() {
   return Contained<OwnershipTable>("etcd store " + url_ + ": read", [&] { return DoRead(); });
+}
+
+Result<OwnershipTable> EtcdStore::ReadOffers() {
+  return Contained<OwnershipTable>("etcd store " + url_ + ": read of the offers",
+                                   [&] { return DoReadOffers(); });
 }
 
 Result<OwnershipTable> EtcdStore::ReadSlots(const std::vector<Slot>& slots) {

@@ -40,7 +40,7 @@
 // etcd says a lease has left: for display only.
 //
 // Time limits: Claim and Renew get ttl/3 (the refresher's limit); Release,
-// Read and ReadSlots get Options::call_timeout.
+// Read, ReadSlots and ReadOffers get Options::call_timeout.
 //
 // Thread-safety: all calls are safe from any thread.
 #pragma once
@@ -77,6 +77,9 @@ class EtcdStore final : public OwnershipStore {
   // Every row is loaded, but etcd is asked the time left only of the rows
   // that hold `slots`; the table holds those rows and the counter.
   Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) override;
+  // Reads PREFIX/offers/ alone (not the rows, nor the counter), and asks
+  // etcd the time left of each offer.
+  Result<OwnershipTable> ReadOffers() override;
 
   // How many lease timetolive calls a read has in flight at once: one call
   // per row, and a table may have 16384 rows.
@@ -107,6 +110,10 @@ class EtcdStore final : public OwnershipStore {
                          const std::optional<OwnerId>& to = std::nullopt, Millis window = {});
   Result<OwnershipTable> DoRead();
   Result<OwnershipTable> DoReadSlots(const std::vector<Slot>& slots);
+  Result<OwnershipTable> DoReadOffers();
+  // The offer a key under PREFIX/offers/ holds; nullopt (logged when
+  // malformed) for a key that is not one of this fleet's offers.
+  std::optional<StoredRow> OfferOf(const EtcdKv& kv) const;
   // Sets each row's expiry from the time etcd says its lease has left, with
   // up to kTtlWorkers calls at once, all within `deadline`. The first
   // failure ends it.

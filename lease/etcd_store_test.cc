@@ -282,6 +282,29 @@ TEST_F(EtcdStoreTest, an_offer_that_etcd_ended_lets_anyone_claim) {
   EXPECT_TRUE(AsGrant(store_->Claim(Range(0, 99), Owner("c"), kTtl, 0)).fresh);
 }
 
+TEST_F(EtcdStoreTest, a_read_of_the_offers_reads_only_the_offer_keys_and_their_time_left) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  AsGrant(store_->Claim(Range(200, 299), Owner("c"), kTtl, 0));
+  ASSERT_TRUE(*store_->Offer(Range(0, 99), Owner("a"), Epoch(1), Owner("b"), kTtl));
+  // Not offers of this fleet: a malformed one, and a fleet nested under it.
+  etcd_->Put("fleet/a/offers/00300-00399", "not json", etcd_->GrantLease(9));
+  etcd_->Put("fleet/a/offers/b/rows/00000-00099", "{}", etcd_->GrantLease(9));
+  etcd_->ClearSeen();
+  const auto offers = store_->ReadOffers();
+  ASSERT_TRUE(offers.ok()) << offers.status().message();
+  EXPECT_EQ(Paths(), (std::vector<std::string>{"/v3/kv/range", "/v3/lease/timetolive"}));
+  const auto range = etcd_->seen().front().request;
+  EXPECT_EQ(*Base64Decode(range["key"].get<std::string>()), "fleet/a/offers/");
+  EXPECT_EQ(*Base64Decode(range["range_end"].get<std::string>()), "fleet/a/offers0");
+  OwnershipRow offered{Range(0, 99), Owner("a"), Epoch(1), 0};
+  offered.offered_to = Owner("b");
+  offered.offer_expires_ms = kStart + 9000;
+  EXPECT_EQ(offers->rows(), (std::vector<OwnershipRow>{offered}));
+  // etcd ended it: no offer stands.
+  etcd_->Expire(etcd_->Get("fleet/a/offers/00000-00099")->lease);
+  EXPECT_TRUE(store_->ReadOffers()->rows().empty());
+}
+
 TEST_F(EtcdStoreTest, release_deletes_the_row_then_revokes_its_lease) {
   AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
   const std::int64_t lease = LeaseOf(Range(0, 99));

@@ -50,6 +50,12 @@ class OwnershipStore {
     (void)slots;
     return Read();
   }
+  // A table that holds every offer standing now (each as its lapsed row
+  // offered to the target, with the offer's end), for a host that polls for
+  // offers to itself. A store where the whole table costs more to read
+  // (etcd: every row) holds only the offers, and its counter is then only
+  // theirs: not for a decision, nor for the counter. Others read the table.
+  virtual Result<OwnershipTable> ReadOffers() { return Read(); }
   // The store's time now, in the frame of its expiries (not a wall time).
   virtual std::int64_t NowMs() const = 0;
   // A store time as a wall time, for display only: wall_now - store_now +

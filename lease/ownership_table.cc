@@ -12,6 +12,10 @@ WallMs LeaseEnd(WallMs now, Millis ttl) {
   return now + ttl.count();
 }
 
+bool Covers(SlotRange outer, SlotRange inner) {
+  return outer.first() <= inner.first() && inner.last() <= outer.last();
+}
+
 }  // namespace
 
 std::string FormatWallTime(WallMs ms, bool local) {
@@ -95,8 +99,13 @@ Result<Decision> OwnershipTable::Claim(SlotRange range, const OwnerId& owner, Wa
     if (row.range.Overlaps(range) && !same_claim && row.lease_expires_ms > now) {
       return Decision(Held{row.range, row.owner.str(), row.lease_expires_ms});
     }
-    // An offer binds its own owner too: the releasing host gave it away.
-    if (row.range.Overlaps(range) && row.OfferedAwayFrom(owner, now)) {
+    // An offer binds its own owner too: the releasing host gave it away. Its
+    // target takes it whole or not at all, as a live row of another shape is
+    // never taken: a claim of a part would erase the rest of the offer (the
+    // lapsed row goes whole), leaving it free to anyone within the window.
+    const bool offer_stands = row.offered_to && row.offer_expires_ms > now;
+    if (row.range.Overlaps(range) && offer_stands &&
+        (row.OfferedAwayFrom(owner, now) || !Covers(range, row.range))) {
       return Decision(Held{row.range, row.offered_to->str(), row.offer_expires_ms, true});
     }
   }

@@ -15,9 +15,11 @@
 //
 // Offers (a planned handover): Offer ends the owner's lease now, as Release
 // does, and for a window after it only the named owner may claim the range;
-// anyone else is refused as if the range were held. An offer changes no
-// epoch: the target's claim takes a new one as usual, so fencing is
-// unchanged. Once the window passes unclaimed, anyone may claim.
+// anyone else is refused as if the range were held. The target's claim must
+// cover the whole offered range (a part would erase the rest of the offer
+// with the lapsed row). An offer changes no epoch: the target's claim takes a
+// new one as usual, so fencing is unchanged. Once the window passes
+// unclaimed, anyone may claim.
 //
 // Thread-safety: none; a value that one thread owns at a time.
 #pragma once
@@ -113,7 +115,8 @@ class OwnershipTable {
 
   // Claims `range` for `owner` at `now` for `ttl`, at an epoch above `floor`.
   // - Held (offered) when an overlapping row is offered to another owner and
-  //   the offer still stands, whoever's row it is.
+  //   the offer still stands, whoever's row it is; and when it is offered to
+  //   `owner` but `range` does not cover all of it.
   // - Held when a live lease overlaps the range, unless it is the owner's own
   //   row with the same bounds (a range of another shape is never taken while
   //   live, even from its owner: an old process may still serve it).

@@ -56,7 +56,16 @@ void CheckInvariants(const OwnershipTable& before, const OwnershipTable& after, 
     if (old_row == nullptr) continue;
     if (new_row == nullptr) {
       c.Check(old_row->lease_expires_ms <= now, "a live row vanished");
+      c.Check(!(old_row->offered_to && old_row->offer_expires_ms > now),
+              "a standing offer vanished outside its target's claim");
       continue;
+    }
+    // A standing offer binds its whole range: only its target may be granted
+    // a slot of it before the window ends.
+    const bool offer_stands = old_row->offered_to && old_row->offer_expires_ms > now &&
+                              old_row->lease_expires_ms <= now;
+    if (offer_stands && new_row->epoch != old_row->epoch) {
+      c.Check(new_row->owner == *old_row->offered_to, "a standing offer went to another owner");
     }
     c.Check(new_row->epoch >= old_row->epoch, "a slot's epoch went down");
     if (new_row->epoch > old_row->epoch) {
@@ -68,15 +77,16 @@ void CheckInvariants(const OwnershipTable& before, const OwnershipTable& after, 
 }
 
 // Whether a claim must be refused: a live lease that is not the same claim,
-// or a standing offer to another owner.
+// or a standing offer to another owner, or to `who` but not all in `range`.
 bool Blocked(const OwnershipTable& table, SlotRange range, const OwnerId& who, WallMs now) {
   for (const auto& row : table.rows()) {
     if (row.range.Overlaps(range) && !(row.owner == who && row.range == range) &&
         row.lease_expires_ms > now) {
       return true;
     }
+    const bool covered = range.first() <= row.range.first() && row.range.last() <= range.last();
     if (row.range.Overlaps(range) && row.offered_to && row.offer_expires_ms > now &&
-        !(*row.offered_to == who)) {
+        (!(*row.offered_to == who) || !covered)) {
       return true;
     }
   }
@@ -103,7 +113,12 @@ std::string RunSequence(std::uint64_t seed) {
     const OwnershipTable before = table;
     const int a = uniform(0, kSlots - 1);
     const int b = uniform(0, kSlots - 1);
-    const SlotRange range = Range(std::min(a, b), std::max(a, b));
+    SlotRange range = Range(std::min(a, b), std::max(a, b));
+    // Half the steps name a row's exact range: renewals, releases and offers
+    // need one, and a random range almost never is.
+    if (!table.rows().empty() && uniform(0, 1) == 0) {
+      range = table.rows()[uniform(0, static_cast<int>(table.rows().size()) - 1)].range;
+    }
     const OwnerId& who = owners[uniform(0, 2)];
     now += uniform(0, 40);
     // Some calls decide late (a wall-clock step back, a call that waited) or

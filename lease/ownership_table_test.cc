@@ -232,6 +232,23 @@ TEST(OwnershipTable, an_offered_range_refuses_everyone_else_naming_the_target_un
   EXPECT_TRUE(AsGrant(table.Claim(Range(0, 99), Owner("c"), 31'000, kTtl)).fresh);
 }
 
+TEST(OwnershipTable, a_target_claim_of_part_of_an_offered_range_is_refused_and_the_offer_stays_whole) {
+  OwnershipTable table;
+  const Grant old = AsGrant(table.Claim(Range(0, 99), Owner("a"), 0, kTtl));
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), old.epoch, 1'000, Owner("b"), kTtl));
+  const OwnershipTable offered = table;
+  for (const SlotRange part : {Range(0, 49), Range(50, 150)}) {
+    const auto refused = table.Claim(part, Owner("b"), 1'001, kTtl);
+    ASSERT_TRUE(refused.ok());
+    EXPECT_EQ(std::get<Held>(*refused), (Held{Range(0, 99), "b", 31'000, true})) << part.ToString();
+  }
+  EXPECT_EQ(table, offered);
+  // A range that covers the offer takes it whole.
+  EXPECT_TRUE(AsGrant(table.Claim(Range(0, 150), Owner("b"), 1'002, kTtl)).fresh);
+  ASSERT_EQ(table.rows().size(), 1u);
+  EXPECT_EQ(table.rows().front().range, Range(0, 150));
+}
+
 TEST(OwnershipTable, an_offer_ends_the_lease_now_and_needs_the_exact_row) {
   OwnershipTable table;
   const Grant old = AsGrant(table.Claim(Range(0, 99), Owner("a"), 0, kTtl));

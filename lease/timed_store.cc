@@ -54,5 +54,8 @@ Result<OwnershipTable> TimedStore::Read() {
 Result<OwnershipTable> TimedStore::ReadSlots(const std::vector<Slot>& slots) {
   return Timed(StoreCallKind::kRead, [&] { return inner_->ReadSlots(slots); });
 }
+Result<OwnershipTable> TimedStore::ReadOffers() {
+  return Timed(StoreCallKind::kRead, [&] { return inner_->ReadOffers(); });
+}
 
 }  // namespace fleetfs::lease

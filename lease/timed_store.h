@@ -40,9 +40,10 @@ class TimedStore final : public OwnershipStore {
   Result<bool> Offer(SlotRange range, const OwnerId& owner, Epoch epoch, const OwnerId& to,
                      Millis window) override;
   bool keeps_offers() const override { return inner_->keeps_offers(); }
-  // Read and ReadSlots are both reads.
+  // Read, ReadSlots and ReadOffers are all reads.
   Result<OwnershipTable> Read() override;
   Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) override;
+  Result<OwnershipTable> ReadOffers() override;
   std::int64_t NowMs() const override { return inner_->NowMs(); }
   WallMs ToWallMs(std::int64_t store_ms) const override { return inner_->ToWallMs(store_ms); }
   std::string url() const override { return inner_->url(); }

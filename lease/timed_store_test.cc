@@ -41,9 +41,16 @@ class SlowStore final : public OwnershipStore {
     clock_.Advance(took_);
     return table_;
   }
+  Result<OwnershipTable> ReadOffers() override {
+    clock_.Advance(took_);
+    ++offer_reads;
+    return table_;
+  }
   std::int64_t NowMs() const override { return 0; }
   WallMs ToWallMs(std::int64_t store_ms) const override { return store_ms; }
   std::string url() const override { return "memory://slow"; }
+
+  int offer_reads = 0;
 
  private:
   FakeMonotonicClock& clock_;
@@ -96,6 +103,17 @@ TEST(TimedStore, offers_go_to_the_store_and_are_timed) {
   EXPECT_TRUE(*offered);
   EXPECT_EQ(store.latencies()[static_cast<std::size_t>(StoreCallKind::kOffer)].count(), 1u);
   EXPECT_EQ(StoreCallName(StoreCallKind::kOffer), "offer");
+}
+
+// The offer poll's cheap read must reach the store's own ReadOffers, not the
+// default that reads the whole table.
+TEST(TimedStore, a_read_of_the_offers_goes_to_the_store_and_is_timed_as_a_read) {
+  FakeMonotonicClock clock;
+  auto slow = std::make_shared<SlowStore>(clock, Millis(40));
+  TimedStore store(slow, clock);
+  ASSERT_TRUE(store.ReadOffers().ok());
+  EXPECT_EQ(slow->offer_reads, 1);
+  EXPECT_EQ(store.latencies()[static_cast<std::size_t>(StoreCallKind::kRead)].count(), 1u);
 }
 
 }  // namespace

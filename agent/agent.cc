@@ -607,11 +607,15 @@ void Agent::StartOfferRead() {
     slots.push_back(r.first());
     slots.push_back(r.last());
   }
-  Post([this, unheld, slots] {
+  // The poll runs ~7 times a second on every standby host: it reads only
+  // the offers (on etcd, not every row) unless a handoff's offer window
+  // ended and OffersNotTaken must see the rows of its range.
+  const bool rows = handoffs_.AwaitsOfferEnd(mono_.Now());
+  Post([this, unheld, slots, rows] {
     lease::OwnershipStore& store = refresher_->store();
-    Result<lease::OwnershipTable> table = store.ReadSlots(slots);
+    Result<lease::OwnershipTable> table = rows ? store.ReadSlots(slots) : store.ReadOffers();
     const std::int64_t store_now = store.NowMs();
-    OnLoop([this, unheld, table = std::move(table), store_now] {
+    OnLoop([this, unheld, table = std::move(table), store_now, rows] {
       const std::vector<SlotRange> offered =
           offer_watch_.Answered(table, unheld, refresher_->owner(), store_now);
       for (SlotRange r : offered) {
@@ -628,7 +632,7 @@ void Agent::StartOfferRead() {
         spdlog::info("range {} is offered to this agent: claiming it now", r.ToString());
         claim_now_ = true;
       }
-      if (table.ok()) {
+      if (table.ok() && rows) {
         std::vector<LogLine> log;
         const std::vector<SlotRange> back =
             handoffs_.OffersNotTaken(mono_.Now(), *table, refresher_->owner(), store_now, log);

@@ -375,6 +375,13 @@ std::vector<lease::SlotRange> Handoffs::Undo() {
   return out;
 }
 
+bool Handoffs::AwaitsOfferEnd(MonoTime now) const {
+  return std::any_of(handoffs_.begin(), handoffs_.end(), [&](const auto& entry) {
+    const One& h = entry.second;
+    return h.step == StepKind::kDone && h.offer_end && now >= *h.offer_end;
+  });
+}
+
 std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
                                                        const lease::OwnershipTable& table,
                                                        const lease::OwnerId& self,
@@ -385,12 +392,12 @@ std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
     const One& h = it->second;
     bool lapsed = false;
     if (h.step == StepKind::kDone && h.offer_end && now >= *h.offer_end) {
-      for (const lease::OwnershipRow& row : table.rows()) {
-        if (row.range == it->first && row.owner == self && row.lease_expires_ms <= store_now &&
-            !(row.offered_to && row.offer_expires_ms > store_now)) {
-          lapsed = true;
-        }
-      }
+      lapsed = std::none_of(table.rows().begin(), table.rows().end(),
+                            [&](const lease::OwnershipRow& row) {
+                              return row.range.Overlaps(it->first) &&
+                                     (row.owner != self || row.lease_expires_ms > store_now ||
+                                      (row.offered_to && row.offer_expires_ms > store_now));
+                            });
     }
     if (!lapsed) {
       ++it;

@@ -135,6 +135,27 @@ TEST_F(HandoffsTest, a_drain_never_releases_a_held_range_that_is_not_served) {
   EXPECT_EQ(plan->park, (std::vector{Range(100, 199)}));
 }
 
+// etcd deletes the offering row with the offer, and the offer's key goes
+// with its window: an untaken offer leaves no row at all.
+TEST_F(HandoffsTest, an_offer_nobody_takes_comes_back_when_the_store_keeps_no_row_of_it) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  std::vector<LogLine> log;
+  EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(29'000)));
+  EXPECT_TRUE(handoffs_.AwaitsOfferEnd(At(30'100)));
+  // Another host's row in part of the range: someone claimed it after the
+  // window; the range stays parked here.
+  lease::OwnershipTable other;
+  ASSERT_TRUE(other.Claim(Range(50, 149), Owner("c"), 30'050, Millis(30'000)).ok());
+  EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), other, Owner("a"), 30'100, log).empty());
+  EXPECT_EQ(handoffs_.OffersNotTaken(At(30'100), lease::OwnershipTable{}, Owner("a"), 30'100, log),
+            (std::vector{Range(0, 99)}));
+  EXPECT_TRUE(handoffs_.withheld().empty());
+  EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(30'100)));
+}
+
 TEST_F(HandoffsTest, an_offer_nobody_takes_gives_the_range_back_after_the_window) {
   ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
   Step(0);

@@ -1,12 +1,16 @@
 #include "agent/handoff_cli.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -14,6 +18,7 @@
 
 #include "agent/cli.h"
 #include "agent/handoff.h"
+#include "agent/stale_mount.h"
 #include "fleet/unique_fd.h"
 #include "lease/lease_ttl.h"
 #include "lease/store_url.h"
@@ -33,17 +38,75 @@ int Fail(std::ostream& err, int code, const std::string& message) {
   return code;
 }
 
+// MOUNT, opened, once it is known to be the agent's live FUSE mount. While
+// the agent is down MOUNT is a plain directory, and whoever may write in it
+// could plant a `.fleetfs/control` symlink (root's request written into any
+// file) or a status.json naming a store of their choosing: nothing under a
+// path that is not a fleetfs mount is opened, read or written.
+Result<UniqueFd> OpenLiveMount(const std::string& mount) {
+  const std::string rule =
+      "requests and status go only through the agent's own FUSE mount (fuse.fleetfs), never "
+      "through files in a plain directory; start the agent, or name its mount point";
+  char real[PATH_MAX];
+  if (::realpath(mount.c_str(), real) == nullptr) {
+    return Status(Code::kUnavailable, mount + " is not a running fleetfs mount (" +
+                                          std::strerror(errno) + "); " + rule);
+  }
+  UniqueFd dir(::open(real, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC));
+  struct statfs fs;
+  if (!dir.valid() || ::fstatfs(dir.get(), &fs) != 0) {
+    return Status(Code::kUnavailable, mount + " is not a running fleetfs mount (" +
+                                          std::strerror(errno) + "); " + rule);
+  }
+  const std::vector<MountEntry> mounts = MountsAt(real);
+  // Both: the descriptor is on a FUSE file system, and the topmost mount at
+  // that point is fleetfs's (another FUSE file system could be there).
+  if (fs.f_type != FUSE_SUPER_MAGIC || mounts.empty() || mounts.back().fstype != "fuse.fleetfs") {
+    const std::string what =
+        mounts.empty() ? std::string("a plain directory") : "a " + mounts.back().fstype + " mount";
+    return Status(Code::kFailedPrecondition,
+                  mount + " is not a running fleetfs mount (it is " + what + "); " + rule);
+  }
+  return dir;
+}
+
+// MOUNT/.fleetfs/`name` opened with `flags` relative to the checked mount's
+// descriptor: never through a symlink, and only a file of that same mount
+// (EXDEV otherwise). -1 with errno set on failure.
+int OpenControlFile(int mount_fd, const std::string& name, int flags) {
+  const std::string rel = ".fleetfs/" + name;
+  UniqueFd fd(::openat(mount_fd, rel.c_str(), flags | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC));
+  if (!fd.valid()) return -1;
+  struct stat of_mount, of_file;
+  if (::fstat(mount_fd, &of_mount) != 0 || ::fstat(fd.get(), &of_file) != 0) return -1;
+  if (of_mount.st_dev != of_file.st_dev) {
+    errno = EXDEV;
+    return -1;
+  }
+  return fd.Release();
+}
+
 // The agent's status document, or an error naming the mount.
 Result<Json> ReadStatus(const std::string& mount) {
   const std::string path = mount + "/.fleetfs/status.json";
-  std::ifstream in(path);
-  if (!in) {
+  auto dir = OpenLiveMount(mount);
+  if (!dir.ok()) return dir.status();
+  UniqueFd fd(OpenControlFile(dir->get(), "status.json", O_RDONLY));
+  if (!fd.valid()) {
     return Status(Code::kUnavailable, mount + " is not a running fleetfs mount (" + path + ": " +
                                           std::strerror(errno) + ")");
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  Json doc = Json::parse(text.str(), nullptr, false);
+  std::string text;
+  char buffer[16384];
+  ssize_t got;
+  while ((got = ::read(fd.get(), buffer, sizeof buffer)) > 0) {
+    text.append(buffer, static_cast<std::size_t>(got));
+  }
+  if (got < 0) {
+    return Status(Code::kUnavailable, mount + " is not a running fleetfs mount (" + path + ": " +
+                                          std::strerror(errno) + ")");
+  }
+  Json doc = Json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("store") ||
       !doc.contains("owner") || !doc.contains("ranges")) {
     return Status(Code::kDataLoss, path + " is not a fleetfs status document");
@@ -62,7 +125,12 @@ struct Sent {
 Sent Send(const std::string& mount, const std::string& request) {
   Sent sent;
   const std::string path = mount + "/.fleetfs/control";
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  auto dir = OpenLiveMount(mount);
+  if (!dir.ok()) {
+    sent.reply = dir.status().message();
+    return sent;
+  }
+  UniqueFd fd(OpenControlFile(dir->get(), "control", O_RDWR));
   if (!fd.valid()) {
     const int e = errno;
     sent.reply = e == EACCES ? path + ": permission denied; only root or the agent's own user may "

@@ -1380,6 +1380,49 @@ TEST_F(ReplicatorTest, a_delete_survives_a_crash_before_its_tombstone_ships) {
   EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "deleted"));
 }
 
+TEST_F(ReplicatorTest, a_range_flush_ships_no_other_ranges_tombstone) {
+  // A handoff's flush of one range waited on every range's tombstones (a
+  // slow or failing replica for another range's deleted keys held it up).
+  auto down = std::make_shared<FailingDestination>(dest_);
+  ReplicatorOptions o = Options();
+  o.destination = down;
+  FleetFile mine = Main("flush-range-tomb-mine");
+  FleetFile other;
+  for (int i = 0; i < 100; ++i) {
+    other = Main("flush-range-tomb-other-" + std::to_string(i));
+    if (other.slot != mine.slot) break;
+  }
+  ASSERT_NE(other.slot, mine.slot);
+  Start(o);
+  {
+    PutLocal(other, std::string(4096, 'O'), kEpoch);
+    auto watch = rep_->Watch(other, kEpoch);
+    { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  fs::remove(Backing(other));
+  down->FailEvery(Request::kCreate, Unavailable("the replica is down"));
+  rep_->Deleted(other, kEpoch);
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  // Restarted with the tombstone unshipped: no round runs until one is asked.
+  rep_.reset();
+  down->Heal();
+  Start(o);
+  PutLocal(mine, std::string(4096, 'M'), kEpoch);
+  auto watch = rep_->Watch(mine, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
+  const int other_lists = dest_->lists(LogDir(other));
+  EXPECT_TRUE(rep_->FlushRange(mono_.Now() + seconds(20), mine.slot, mine.slot));
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
+  EXPECT_EQ(dest_->lists(LogDir(other)), other_lists) << "the flush worked another range's key";
+  EXPECT_EQ(rep_->Stats().tombstones, 0u) << "the other range's tombstone is the loop's";
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().tombstones, 1u);
+  auto tail = Tail(*inner_, other);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->kind, LogKind::kTombstone);
+}
+
 // ---- review of the log's wiring: each finding, a test ----
 
 std::vector<LogHeader> Headers(Destination& dest, const FleetFile& main) {

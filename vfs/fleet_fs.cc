@@ -64,7 +64,9 @@ constexpr int kDeferred = -1;
 constexpr int kMaxDeferredPerUid = 32;
 // Control files open at once per user: each handle keeps its content (made
 // at open), so a user opening one in a loop would otherwise make the agent
-// hold as many copies. EMFILE beyond it.
+// hold as many copies. EMFILE beyond it. A handle of .fleetfs/control keeps a
+// reply and counts the same; every VirtualHandle is made after its Enter, so
+// its release gives back only what its open took.
 constexpr int kMaxControlOpensPerUid = 64;
 
 // A lookup or open not prepared yet: it needs the replicator before a main
@@ -1053,8 +1055,13 @@ void FleetFs::Impl::Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       self.Failed(req, Op::kOpen, EACCES);
       return;
     }
+    if (!self.control_opens_.Enter(uid)) {
+      self.Failed(req, Op::kOpen, EMFILE);
+      return;
+    }
     auto h = std::make_unique<VirtualHandle>();
     h->control = true;
+    h->uid = uid;
     self.AddHandle(h.get());
     fi->fh = reinterpret_cast<uintptr_t>(static_cast<Handle*>(h.release()));
     fi->direct_io = 1;

@@ -319,6 +319,47 @@ TEST_F(FleetFsTest, the_bucket_directories_are_always_there_and_fixed) {
   EXPECT_EQ(Contents((root_ / "mnt" / ".fleetfs" / "status.json").string()), "{}\n");
 }
 
+// A handle of .fleetfs/control once gave back, at its release, an open it had
+// never counted (to uid 0, whoever held it): each request sent lifted root's
+// bound on held control files by one.
+TEST_F(FleetFsTest, a_control_request_handle_counts_as_one_held_control_file_open) {
+  const std::string status = (root_ / "mnt" / ".fleetfs" / "status.json").string();
+  const std::string control = (root_ / "mnt" / ".fleetfs" / "control").string();
+  std::vector<int> held;
+  for (int i = 0; i < 63; ++i) {
+    held.push_back(::open(status.c_str(), O_RDONLY));
+    ASSERT_GE(held.back(), 0) << i << ": " << std::strerror(errno);
+  }
+  const auto& releases = fs_->stats().latency[static_cast<std::size_t>(Op::kRelease)];
+  for (int request = 0; request < 3; ++request) {
+    const std::uint64_t before = releases.Snapshot().count();
+    int fd = ::open(control.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ::close(fd);
+    // The kernel sends the release after close() returned; it is timed once
+    // the handle is gone.
+    for (int i = 0; i < 1000 && releases.Snapshot().count() == before; ++i) ::usleep(1000);
+    ASSERT_GT(releases.Snapshot().count(), before);
+  }
+  int last = ::open(status.c_str(), O_RDONLY);
+  ASSERT_GE(last, 0) << std::strerror(errno);
+  held.push_back(last);
+  // 64 held: neither another status.json nor a control handle.
+  errno = 0;
+  int over = ::open(status.c_str(), O_RDONLY);
+  int over_errno = errno;
+  if (over >= 0) held.push_back(over);
+  EXPECT_EQ(over, -1);
+  EXPECT_EQ(over_errno, EMFILE);
+  errno = 0;
+  int over_control = ::open(control.c_str(), O_RDWR);
+  over_errno = errno;
+  if (over_control >= 0) held.push_back(over_control);
+  EXPECT_EQ(over_control, -1);
+  EXPECT_EQ(over_errno, EMFILE);
+  for (int fd : held) ::close(fd);
+}
+
 // Replication's side, faked: keys named "slow..." are prepared only when the
 // test lets them go (while hold_slow is set); every other key at once, on the
 // calling thread. Keys named "gate..." have a watch whose every hook waits

@@ -54,7 +54,7 @@ struct VirtualHandle final : Handle {
   bool control = false;
   std::mutex mu;        // guards content of a control handle
   std::string content;
-  uid_t uid = 0;  // who opened it: counted against their control opens
+  uid_t uid = 0;  // who opened it: the open counted against theirs, given back at release
 };
 
 // An open directory: its listing, made at the first readdir.

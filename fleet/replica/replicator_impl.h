@@ -117,8 +117,8 @@ class Replicator::Impl {
   void UploadLoop();
   void SyncAll();
   // One round of shipping; true when nothing is left unshipped.
-  // `only`: visit just the tenants whose slot is in [first, last] (a
-  // range's flush); true then means those are clean (tombstones aside).
+  // `only`: visit just the tenants and tombstones whose slot is in [first,
+  // last] (a range's flush); true then means those are clean.
   bool Round(std::optional<std::pair<Slot, Slot>> only = std::nullopt);
   // One round for one tenant; true when it has nothing left to ship.
   // With `snapshots` false, a tenant whose next shipment is a snapshot is
@@ -150,7 +150,9 @@ class Replicator::Impl {
   void SpoolPendingSegment(KeyLog& k);
   Status AppendPendingSnapshot(KeyLog& k, const FleetFile& main, Capture* capture);
   void Prune(KeyLog& k, const FleetFile& main);  // retention, after a new snapshot
-  void UploadTombstones();
+  // Ships the tombstones not yet at the destination; with `only`, those of
+  // keys whose slot is in [first, last].
+  void UploadTombstones(std::optional<std::pair<Slot, Slot>> only);
   Status ShipTombstone(KeyLog& k, const Tombstone& tomb, bool* done);
   std::string DeletedPath(const FleetFile& main) const;
   // The newest object of `main`'s log that carries data (not a marker).

@@ -23,6 +23,14 @@
 #include "fleet/wal_format.h"
 
 namespace fleetfs::replica {
+namespace {
+
+// Whether `slot` is one a round limited to `only` works (every slot without).
+bool InOnly(const std::optional<std::pair<Slot, Slot>>& only, Slot slot) {
+  return !only || (slot >= only->first && slot <= only->second);
+}
+
+}  // namespace
 
 // ---- shipping ----
 
@@ -47,7 +55,10 @@ void Replicator::Impl::SyncAll() { (void)Round(); }
 
 bool Replicator::Impl::Round(std::optional<std::pair<Slot, Slot>> only) {
   const std::uint64_t failures_before = failures_seen_.load();
-  UploadTombstones();
+  // A range's flush ships that range's tombstones only: another range's
+  // (a slow or failing replica for its keys) must not spend the deadline of
+  // a handoff it has no part in.
+  UploadTombstones(only);
   struct Visit {
     std::shared_ptr<Tenant> tenant;
     std::string path;
@@ -65,10 +76,8 @@ bool Replicator::Impl::Round(std::optional<std::pair<Slot, Slot>> only) {
     // A range's flush works only that range's tenants, so a backlog
     // elsewhere cannot run out its deadline. The others stay active for the
     // loop's round (a deleted one too: its slot is not known here).
-    std::erase_if(visits, [&](const Visit& v) {
-      return !v.tenant || v.tenant->main().slot < only->first ||
-             v.tenant->main().slot > only->second;
-    });
+    std::erase_if(
+        visits, [&](const Visit& v) { return !v.tenant || !InOnly(only, v.tenant->main().slot); });
   }
   counters_.visits += visits.size();
   // Every active tenant, served now or not (the others left nothing to ship
@@ -112,7 +121,8 @@ bool Replicator::Impl::Round(std::optional<std::pair<Slot, Slot>> only) {
   }
   {
     std::lock_guard lock(tenants_mu_);
-    clean = clean && tombstones_.empty();
+    clean = clean && std::none_of(tombstones_.begin(), tombstones_.end(),
+                                  [&](const Tombstone& t) { return InOnly(only, t.main.slot); });
   }
   // A failure is cleared by a round in which nothing that reached the
   // destination failed: not by another tenant's upload that landed (one
@@ -140,11 +150,13 @@ bool Replicator::Impl::Counted(Tenant& t, bool shipped) {
 // is there, a file under BACKING/.fleetfs/deleted/ keeps the delete across a
 // crash, and lookups of the key answer "absent" (the log still holds the
 // tenant) unless the log shows a newer owner's objects after it.
-void Replicator::Impl::UploadTombstones() {
+void Replicator::Impl::UploadTombstones(std::optional<std::pair<Slot, Slot>> only) {
   std::vector<Tombstone> todo;
   {
     std::lock_guard lock(tenants_mu_);
-    todo = tombstones_;
+    for (const Tombstone& t : tombstones_) {
+      if (InOnly(only, t.main.slot)) todo.push_back(t);
+    }
   }
   for (const Tombstone& tomb : todo) {
     auto k = LogFor(tomb.main);

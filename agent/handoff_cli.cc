@@ -67,6 +67,15 @@ Result<UniqueFd> OpenLiveMount(const std::string& mount) {
     return Status(Code::kFailedPrecondition,
                   mount + " is not a running fleetfs mount (it is " + what + "); " + rule);
   }
+  // fusermount3 lets a user name the subtype "fleetfs", but not the uid it
+  // records: only a mount made by root or by this user is the agent's.
+  const std::optional<uid_t> by = mounts.back().fuse_user;
+  if (!by || (*by != 0 && *by != ::geteuid())) {
+    return Status(Code::kFailedPrecondition,
+                  mount + " is a fuse.fleetfs mount made by " +
+                      (by ? "uid " + std::to_string(*by) : std::string("an unknown user")) +
+                      ", not by root or this user; " + rule);
+  }
   return dir;
 }
 

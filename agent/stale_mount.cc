@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -53,9 +54,21 @@ bool ParseMountInfoLine(const std::string& line, MountEntry& entry) {
   while (fields >> field && field != "-") {
   }
   if (field != "-") return false;
-  std::string fstype, source;
+  std::string fstype, source, super;
   if (!(fields >> fstype >> source)) return false;
-  entry = MountEntry{Unescape(point), Unescape(fstype), Unescape(source)};
+  entry = MountEntry{Unescape(point), Unescape(fstype), Unescape(source), std::nullopt};
+  if (fields >> super) {
+    std::istringstream options(super);
+    std::string option;
+    while (std::getline(options, option, ',')) {
+      if (option.rfind("user_id=", 0) != 0) continue;
+      uid_t uid = 0;
+      const char* begin = option.data() + 8;
+      const char* end = option.data() + option.size();
+      const auto [at, ec] = std::from_chars(begin, end, uid);
+      if (ec == std::errc() && at == end && begin != end) entry.fuse_user = uid;
+    }
+  }
   return true;
 }
 

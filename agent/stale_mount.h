@@ -8,6 +8,9 @@
 // Thread-safety: functions of the file system's state; no shared state.
 #pragma once
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,10 @@ struct MountEntry {
   std::string point;   // unescaped
   std::string fstype;  // "fuse.fleetfs" for ours
   std::string source;
+  // FUSE's user_id= (the uid that mounted it; fusermount3 sets it from the
+  // caller's real uid, which a user cannot choose, unlike the fstype's
+  // subtype). Empty when the line has none.
+  std::optional<uid_t> fuse_user;
 };
 
 // The entries of /proc/self/mountinfo mounted exactly at `path`, bottom first.

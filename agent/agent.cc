@@ -837,6 +837,7 @@ AgentSnapshot Agent::Snapshot() const {
   AgentSnapshot s;
   s.owner = config_.owner.str();
   s.store = config_.store;
+  s.store_tls = config_.store_tls;
   s.mode = std::string(ModeName(config_.mode));
   s.backing = config_.backing;
   s.mountpoint = config_.mountpoint;

@@ -257,8 +257,18 @@ int AwaitTargets(const std::string& mount, lease::OwnershipStore& store,
 
 Result<std::unique_ptr<lease::OwnershipStore>> OpenStoreOf(const Json& status,
                                                            const WallClock& clock) {
+  lease::StoreTls tls;
+  if (const auto it = status.find("store_tls"); it != status.end() && it->is_object()) {
+    auto text = [&](const char* key) {
+      const auto v = it->find(key);
+      return v != it->end() && v->is_string() ? v->get<std::string>() : std::string();
+    };
+    tls.ca = text("ca");
+    tls.cert = text("cert");
+    tls.key = text("key");
+  }
   return lease::OpenStore(status["store"].get<std::string>(), clock,
-                          lease::SqliteStore::Access::kExisting);
+                          lease::SqliteStore::Access::kExisting, tls);
 }
 
 }  // namespace

@@ -228,6 +228,10 @@ Json StatusJson(const AgentSnapshot& s) {
       {"open_files", s.vfs ? s.vfs->open_handles : 0},
       {"fenced_operations", s.vfs ? s.vfs->fenced : 0},
   };
+  if (!s.store_tls.empty()) {
+    doc["store_tls"] = {
+        {"ca", s.store_tls.ca}, {"cert", s.store_tls.cert}, {"key", s.store_tls.key}};
+  }
   if (s.replication) {
     const replica::ReplicationStats& r = *s.replication;
     Json rep = {{"replica", s.replica},

@@ -17,6 +17,7 @@
 
 #include "agent/handoff.h"
 #include "agent/admin_server.h"
+#include "lease/store_url.h"
 #include "agent/backing_watch.h"
 #include "fleet/replica/counting_destination.h"
 #include "fleet/histogram.h"
@@ -53,6 +54,9 @@ VfsSnapshot SnapshotOf(const vfs::VfsStats& stats, std::size_t open_handles);
 
 struct AgentSnapshot {
   std::string owner, store, mode, backing, mountpoint, admin, phase;
+  // The files of an etcds:// store (paths, never contents): the handoff
+  // CLI watches the store as the agent reaches it.
+  lease::StoreTls store_tls;
   Millis ttl{0};
   int pid = 0;
   WallMs now_ms = 0;           // wall time of the snapshot, for display

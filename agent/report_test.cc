@@ -103,6 +103,19 @@ std::map<std::string, int> HeaderCounts(const std::string& text, std::string_vie
   return out;
 }
 
+// `fleetfs handoff` watches an etcds:// store with the agent's own CA and
+// client certificate: the status names the files, never their contents.
+TEST(Report, status_names_the_store_tls_files_only_when_set) {
+  auto s = Snapshot({});
+  EXPECT_FALSE(StatusJson(s).contains("store_tls"));
+  s.store = "etcds://10.0.0.1:2379/fleet";
+  s.store_tls = {"/etc/fleetfs/ca.pem", "/etc/fleetfs/me.pem", "/etc/fleetfs/me.key"};
+  const nlohmann::json doc = StatusJson(s);
+  EXPECT_EQ(doc["store_tls"],
+            (nlohmann::json{{"ca", "/etc/fleetfs/ca.pem"}, {"cert", "/etc/fleetfs/me.pem"},
+                            {"key", "/etc/fleetfs/me.key"}}));
+}
+
 TEST(Report, metrics_have_latency_histograms_and_the_build_info) {
   auto s = Snapshot({Range("0-99", RangeOutcome::kRenewed, true, 7)});
   VfsSnapshot v;

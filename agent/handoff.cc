@@ -389,15 +389,26 @@ std::vector<lease::SlotRange> Handoffs::OffersNotTaken(MonoTime now,
                                                        std::vector<LogLine>& log) {
   std::vector<lease::SlotRange> out;
   for (auto it = handoffs_.begin(); it != handoffs_.end();) {
-    const One& h = it->second;
+    One& h = it->second;
     bool lapsed = false;
     if (h.step == StepKind::kDone && h.offer_end && now >= *h.offer_end) {
-      lapsed = std::none_of(table.rows().begin(), table.rows().end(),
-                            [&](const lease::OwnershipRow& row) {
-                              return row.range.Overlaps(it->first) &&
-                                     (row.owner != self || row.lease_expires_ms > store_now ||
-                                      (row.offered_to && row.offer_expires_ms > store_now));
-                            });
+      const auto overlapping = [&](auto&& also) {
+        return std::any_of(table.rows().begin(), table.rows().end(),
+                           [&](const lease::OwnershipRow& row) {
+                             return row.range.Overlaps(it->first) && also(row);
+                           });
+      };
+      if (overlapping([&](const lease::OwnershipRow& row) { return row.owner != self; })) {
+        // Taken (the target's row, live or since lapsed, or anyone's after
+        // the window): the range stays parked here, and the offer poll need
+        // not read the rows for it any more.
+        h.offer_end.reset();
+      } else {
+        lapsed = !overlapping([&](const lease::OwnershipRow& row) {
+          return row.lease_expires_ms > store_now ||
+                 (row.offered_to && row.offer_expires_ms > store_now);
+        });
+      }
     }
     if (!lapsed) {
       ++it;

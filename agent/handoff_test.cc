@@ -145,11 +145,6 @@ TEST_F(HandoffsTest, an_offer_nobody_takes_comes_back_when_the_store_keeps_no_ro
   std::vector<LogLine> log;
   EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(29'000)));
   EXPECT_TRUE(handoffs_.AwaitsOfferEnd(At(30'100)));
-  // Another host's row in part of the range: someone claimed it after the
-  // window; the range stays parked here.
-  lease::OwnershipTable other;
-  ASSERT_TRUE(other.Claim(Range(50, 149), Owner("c"), 30'050, Millis(30'000)).ok());
-  EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), other, Owner("a"), 30'100, log).empty());
   EXPECT_EQ(handoffs_.OffersNotTaken(At(30'100), lease::OwnershipTable{}, Owner("a"), 30'100, log),
             (std::vector{Range(0, 99)}));
   EXPECT_TRUE(handoffs_.withheld().empty());
@@ -168,10 +163,41 @@ TEST_F(HandoffsTest, an_offer_nobody_takes_gives_the_range_back_after_the_window
   std::vector<LogLine> log;
   EXPECT_TRUE(handoffs_.OffersNotTaken(At(29'000), table, Owner("a"), 29'000, log).empty())
       << "the window still runs";
-  // b took it: nothing comes back.
+  // b took it: nothing comes back, and the rows need not be read again for
+  // it (the poll would read every row on etcd, ~7 times a second, forever).
   lease::OwnershipTable taken = table;
   ASSERT_TRUE(taken.Claim(Range(0, 99), Owner("b"), 25'000, Millis(30'000)).ok());
+  EXPECT_TRUE(handoffs_.AwaitsOfferEnd(At(30'100)));
   EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), taken, Owner("a"), 30'100, log).empty());
+  EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(3'600'000)));
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)})) << "still parked here";
+}
+
+// Another host's row in part of the range after the window: someone claimed
+// there, and the range stays parked here (a claim would be refused anyway).
+TEST_F(HandoffsTest, another_hosts_row_in_part_of_the_range_counts_as_taken) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  lease::OwnershipTable other;
+  ASSERT_TRUE(other.Claim(Range(50, 149), Owner("c"), 30'050, Millis(30'000)).ok());
+  std::vector<LogLine> log;
+  EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), other, Owner("a"), 30'100, log).empty());
+  EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(30'100)));
+  EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
+}
+
+TEST_F(HandoffsTest, an_offer_not_taken_is_judged_from_the_rows_after_the_window) {
+  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+  Step(0);
+  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+  handoffs_.Released(At(20), Range(0, 99), true, true);
+  lease::OwnershipTable table;
+  ASSERT_TRUE(table.Claim(Range(0, 99), Owner("a"), 0, Millis(30'000)).ok());
+  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), lease::Epoch(1), 20, Owner("b"),
+                          Millis(30'000)));
+  std::vector<LogLine> log;
   // Nobody took it: the range comes back, logged, and is no longer withheld.
   EXPECT_EQ(handoffs_.OffersNotTaken(At(30'100), table, Owner("a"), 30'100, log),
             (std::vector{Range(0, 99)}));

@@ -1423,6 +1423,57 @@ TEST_F(ReplicatorTest, a_range_flush_ships_no_other_ranges_tombstone) {
   EXPECT_EQ(tail->kind, LogKind::kTombstone);
 }
 
+TEST_F(ReplicatorTest, a_range_flush_is_not_held_up_by_a_failing_replica_for_another_ranges_tombstone) {
+  // The replica of another range's deleted key keeps failing: a handoff's
+  // flush of this range ships what is its own and ends in its first round.
+  auto down = std::make_shared<FailingDestination>(dest_);
+  ReplicatorOptions o = Options();
+  o.destination = down;
+  FleetFile mine = Main("flush-range-failing-tomb-mine");
+  FleetFile other;
+  for (int i = 0; i < 100; ++i) {
+    other = Main("flush-range-failing-tomb-other-" + std::to_string(i));
+    if (other.slot != mine.slot) break;
+  }
+  ASSERT_NE(other.slot, mine.slot);
+  Start(o);
+  {
+    PutLocal(other, std::string(4096, 'O'), kEpoch);
+    auto watch = rep_->Watch(other, kEpoch);
+    { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit
+    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  }
+  fs::remove(Backing(other));
+  down->Inject(Fault{.kind = Request::kCreate, .status = Unavailable("that key's replica is down"),
+                     .under = LogDir(other)});
+  rep_->Deleted(other, kEpoch);
+  EXPECT_FALSE(rep_->Flush(mono_.Now()));
+  ASSERT_GT(down->injected_failures(), 0);
+  // Restarted with the tombstone unshipped: no round runs until one is
+  // asked, so every call on the failing replica from here is the flush's.
+  rep_.reset();
+  Start(o);
+  PutLocal(mine, std::string(4096, 'M'), kEpoch);
+  auto watch = rep_->Watch(mine, kEpoch);
+  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
+  const int failed = down->injected_failures();
+  // A deadline of now: one round, and it must be clean. Nor may the flush
+  // spend any of its time on the other range's failing replica (a slow one
+  // would spend all of it).
+  EXPECT_TRUE(rep_->FlushRange(mono_.Now(), mine.slot, mine.slot));
+  EXPECT_EQ(down->injected_failures(), failed) << "the flush tried another range's tombstone";
+  EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
+  EXPECT_EQ(rep_->Stats().tombstones, 0u);
+  EXPECT_FALSE(rep_->Flush(mono_.Now())) << "the other range's tombstone cannot land yet";
+  EXPECT_GT(down->injected_failures(), failed);
+  down->Heal();
+  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  EXPECT_EQ(rep_->Stats().tombstones, 1u);
+  auto tail = Tail(*inner_, other);
+  ASSERT_TRUE(tail.ok()) << tail.status().message();
+  EXPECT_EQ(tail->kind, LogKind::kTombstone);
+}
+
 // ---- review of the log's wiring: each finding, a test ----
 
 std::vector<LogHeader> Headers(Destination& dest, const FleetFile& main) {

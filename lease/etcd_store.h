@@ -78,7 +78,9 @@ class EtcdStore final : public OwnershipStore {
   // that hold `slots`; the table holds those rows and the counter.
   Result<OwnershipTable> ReadSlots(const std::vector<Slot>& slots) override;
   // Reads PREFIX/offers/ alone (not the rows, nor the counter), and asks
-  // etcd the time left of each offer.
+  // etcd the time left of each offer. When two offers clash (a slot or an
+  // epoch in common), everything as Read does, so that the offers kept are
+  // Read's.
   Result<OwnershipTable> ReadOffers() override;
 
   // How many lease timetolive calls a read has in flight at once: one call

@@ -305,6 +305,34 @@ TEST_F(EtcdStoreTest, a_read_of_the_offers_reads_only_the_offer_keys_and_their_t
   EXPECT_TRUE(store_->ReadOffers()->rows().empty());
 }
 
+// A stale (or planted) offer key that sorts before a real offer and
+// overlaps it must not hide it: the read of the offers keeps the offers that
+// Read keeps, which knows the stale one lies over a live row.
+TEST_F(EtcdStoreTest, a_stale_offer_that_sorts_first_does_not_hide_a_real_one_from_the_offer_read) {
+  AsGrant(store_->Claim(Range(0, 49), Owner("a"), kTtl, 0));
+  AsGrant(store_->Claim(Range(50, 99), Owner("a"), kTtl, 0));
+  ASSERT_TRUE(*store_->Offer(Range(50, 99), Owner("a"), Epoch(2), Owner("b"), kTtl));
+  etcd_->Put("fleet/a/offers/00000-00099",
+             nlohmann::json{{"owner", "a"}, {"epoch", 1}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
+             etcd_->GrantLease(9));
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  std::vector<OwnershipRow> read_offers;
+  for (const OwnershipRow& row : table->rows()) {
+    if (row.offered_to) read_offers.push_back(row);
+  }
+  ASSERT_EQ(read_offers.size(), 1u);
+  EXPECT_EQ(read_offers[0].range, Range(50, 99));
+  const auto offers = store_->ReadOffers();
+  ASSERT_TRUE(offers.ok()) << offers.status().message();
+  EXPECT_EQ(offers->rows(), read_offers);
+  // Without a clash the offer read stays the cheap one.
+  etcd_->Expire(etcd_->Get("fleet/a/offers/00000-00099")->lease);
+  etcd_->ClearSeen();
+  ASSERT_EQ(store_->ReadOffers()->rows(), read_offers);
+  EXPECT_EQ(Paths(), (std::vector<std::string>{"/v3/kv/range", "/v3/lease/timetolive"}));
+}
+
 TEST_F(EtcdStoreTest, release_deletes_the_row_then_revokes_its_lease) {
   AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
   const std::int64_t lease = LeaseOf(Range(0, 99));

@@ -199,13 +199,14 @@ int FailingDestination::injected_failures() const {
   return failed_;
 }
 
-Status FailingDestination::Check(Request kind, std::optional<std::uint64_t> write_bytes,
-                                 bool* landed) {
+Status FailingDestination::Check(Request kind, std::optional<std::string_view> path,
+                                 std::optional<std::uint64_t> write_bytes, bool* landed) {
   std::lock_guard lock(mu_);
   std::optional<Status> verdict;
   for (Armed& a : faults_) {
     const Fault& f = a.fault;
     if (f.kind && *f.kind != kind) continue;
+    if (f.under && (!path || !path->starts_with(*f.under))) continue;
     if (f.writes_over && (!write_bytes || *write_bytes <= *f.writes_over)) continue;
     if (f.after_landing && landed == nullptr) continue;
     ++a.seen;
@@ -221,26 +222,26 @@ Status FailingDestination::Check(Request kind, std::optional<std::uint64_t> writ
 }
 
 Result<std::vector<std::string>> FailingDestination::List(std::string_view dir) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kList, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kList, dir, std::nullopt));
   return inner_->List(dir);
 }
 Result<std::vector<std::string>> FailingDestination::ListFrom(std::string_view dir,
                                                               std::string_view after) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kList, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kList, dir, std::nullopt));
   return inner_->ListFrom(dir, after);
 }
 Status FailingDestination::Put(std::string_view path, std::string_view bytes) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kPut, bytes.size()));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kPut, path, bytes.size()));
   return inner_->Put(path, bytes);
 }
 Status FailingDestination::PutFile(std::string_view path, int fd) {
   FLEETFS_ASSIGN_OR_RETURN(std::uint64_t size, FileSize(fd));
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kPut, size));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kPut, path, size));
   return inner_->PutFile(path, fd);
 }
 Status FailingDestination::Create(std::string_view path, std::string_view bytes) {
   bool landed = false;
-  Status st = Check(Request::kCreate, bytes.size(), &landed);
+  Status st = Check(Request::kCreate, path, bytes.size(), &landed);
   if (!st.ok() && !landed) return st;
   Status created = inner_->Create(path, bytes);
   return landed ? st : created;
@@ -248,33 +249,33 @@ Status FailingDestination::Create(std::string_view path, std::string_view bytes)
 Status FailingDestination::CreateFromFile(std::string_view path, int fd) {
   FLEETFS_ASSIGN_OR_RETURN(std::uint64_t size, FileSize(fd));
   bool landed = false;
-  Status st = Check(Request::kCreate, size, &landed);
+  Status st = Check(Request::kCreate, path, size, &landed);
   if (!st.ok() && !landed) return st;
   Status created = inner_->CreateFromFile(path, fd);
   return landed ? st : created;
 }
 Status FailingDestination::Get(std::string_view path, const Sink& sink) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kGet, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kGet, path, std::nullopt));
   return inner_->Get(path, sink);
 }
 Result<std::string> FailingDestination::GetHead(std::string_view path, std::size_t n) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kHead, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kHead, path, std::nullopt));
   return inner_->GetHead(path, n);
 }
 Result<std::uint64_t> FailingDestination::Size(std::string_view path) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kSize, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kSize, path, std::nullopt));
   return inner_->Size(path);
 }
 Status FailingDestination::Remove(std::string_view path) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kRemove, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kRemove, path, std::nullopt));
   return inner_->Remove(path);
 }
 Status FailingDestination::Probe() {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kProbe, 0));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kProbe, std::nullopt, 0));
   return inner_->Probe();
 }
 Result<int> FailingDestination::CleanTemps(std::chrono::seconds max_age) {
-  FLEETFS_RETURN_IF_ERROR(Check(Request::kCleanTemps, std::nullopt));
+  FLEETFS_RETURN_IF_ERROR(Check(Request::kCleanTemps, std::nullopt, std::nullopt));
   return inner_->CleanTemps(max_age);
 }
 

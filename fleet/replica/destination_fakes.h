@@ -81,6 +81,9 @@ struct Fault {
   // When set, the fault matches only writes (puts, creates, probes) of more
   // than this many bytes. A probe writes none.
   std::optional<std::uint64_t> writes_over = std::nullopt;
+  // When set, the fault matches only calls on a path (or a listed
+  // directory) that starts with this; a probe or a clean of temps has none.
+  std::optional<std::string> under = std::nullopt;
   // The write is done, and then its answer is lost: the caller sees the
   // status although the object landed (a timeout after the server wrote).
   bool after_landing = false;
@@ -140,7 +143,8 @@ class FailingDestination final : public Destination {
   // set for writes only.
   // `landed`, when given, is set when the failure is one whose call must
   // reach the inner destination first (Fault::after_landing).
-  Status Check(Request kind, std::optional<std::uint64_t> write_bytes, bool* landed = nullptr);
+  Status Check(Request kind, std::optional<std::string_view> path,
+               std::optional<std::uint64_t> write_bytes, bool* landed = nullptr);
 
   const std::shared_ptr<Destination> inner_;
   mutable std::mutex mu_;  // guards faults_ and failed_

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -1380,98 +1381,93 @@ TEST_F(ReplicatorTest, a_delete_survives_a_crash_before_its_tombstone_ships) {
   EXPECT_TRUE(fs::is_empty(dir_ / "backing" / ".fleetfs" / "deleted"));
 }
 
-TEST_F(ReplicatorTest, a_range_flush_ships_no_other_ranges_tombstone) {
-  // A handoff's flush of one range waited on every range's tombstones (a
-  // slow or failing replica for another range's deleted keys held it up).
-  auto down = std::make_shared<FailingDestination>(dest_);
-  ReplicatorOptions o = Options();
-  o.destination = down;
-  FleetFile mine = Main("flush-range-tomb-mine");
-  FleetFile other;
-  for (int i = 0; i < 100; ++i) {
-    other = Main("flush-range-tomb-other-" + std::to_string(i));
-    if (other.slot != mine.slot) break;
+// A handoff's flush of one range waited on every range's tombstones (a slow
+// or failing replica for another range's deleted keys held it up).
+class RangeFlushTest : public ReplicatorTest {
+ protected:
+  // `other` (another slot) shipped, then deleted with its tombstone left
+  // unshipped by `fail` (lifted before the restart when `heal`); the
+  // replicator restarted, so no round runs until one is asked; then a
+  // commit on `mine`, not shipped yet.
+  void Setup(const std::string& name, const std::function<void(FailingDestination&)>& fail,
+             bool heal) {
+    down_ = std::make_shared<FailingDestination>(dest_);
+    options_ = Options();
+    options_.destination = down_;
+    mine_ = Main(name + "-mine");
+    for (int i = 0; i < 100; ++i) {
+      other_ = Main(name + "-other-" + std::to_string(i));
+      if (other_.slot != mine_.slot) break;
+    }
+    ASSERT_NE(other_.slot, mine_.slot);
+    Start(options_);
+    {
+      PutLocal(other_, std::string(4096, 'O'), kEpoch);
+      auto watch = rep_->Watch(other_, kEpoch);
+      { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit
+      ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+    }
+    fs::remove(Backing(other_));
+    fail(*down_);
+    rep_->Deleted(other_, kEpoch);
+    EXPECT_FALSE(rep_->Flush(mono_.Now()));
+    rep_.reset();
+    if (heal) down_->Heal();
+    Start(options_);
+    PutLocal(mine_, std::string(4096, 'M'), kEpoch);
+    watch_ = rep_->Watch(mine_, kEpoch);
+    { auto guard = watch_->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
   }
-  ASSERT_NE(other.slot, mine.slot);
-  Start(o);
-  {
-    PutLocal(other, std::string(4096, 'O'), kEpoch);
-    auto watch = rep_->Watch(other, kEpoch);
-    { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit
-    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+  // The other range's tombstone lands with a full flush.
+  void ExpectOtherTombstoneLands() {
+    EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
+    EXPECT_EQ(rep_->Stats().tombstones, 1u);
+    auto tail = Tail(*inner_, other_);
+    ASSERT_TRUE(tail.ok()) << tail.status().message();
+    EXPECT_EQ(tail->kind, LogKind::kTombstone);
   }
-  fs::remove(Backing(other));
-  down->FailEvery(Request::kCreate, Unavailable("the replica is down"));
-  rep_->Deleted(other, kEpoch);
-  EXPECT_FALSE(rep_->Flush(mono_.Now()));
-  // Restarted with the tombstone unshipped: no round runs until one is asked.
-  rep_.reset();
-  down->Heal();
-  Start(o);
-  PutLocal(mine, std::string(4096, 'M'), kEpoch);
-  auto watch = rep_->Watch(mine, kEpoch);
-  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
-  const int other_lists = dest_->lists(LogDir(other));
-  EXPECT_TRUE(rep_->FlushRange(mono_.Now() + seconds(20), mine.slot, mine.slot));
+  std::shared_ptr<FailingDestination> down_;
+  ReplicatorOptions options_;
+  FleetFile mine_, other_;
+  std::shared_ptr<TenantWatch> watch_;
+};
+
+TEST_F(RangeFlushTest, a_range_flush_ships_no_other_ranges_tombstone) {
+  Setup(
+      "flush-range-tomb",
+      [](FailingDestination& d) { d.FailEvery(Request::kCreate, Unavailable("the replica is down")); },
+      /*heal=*/true);
+  const int other_lists = dest_->lists(LogDir(other_));
+  EXPECT_TRUE(rep_->FlushRange(mono_.Now() + seconds(20), mine_.slot, mine_.slot));
   EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
-  EXPECT_EQ(dest_->lists(LogDir(other)), other_lists) << "the flush worked another range's key";
+  EXPECT_EQ(dest_->lists(LogDir(other_)), other_lists) << "the flush worked another range's key";
   EXPECT_EQ(rep_->Stats().tombstones, 0u) << "the other range's tombstone is the loop's";
-  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
-  EXPECT_EQ(rep_->Stats().tombstones, 1u);
-  auto tail = Tail(*inner_, other);
-  ASSERT_TRUE(tail.ok()) << tail.status().message();
-  EXPECT_EQ(tail->kind, LogKind::kTombstone);
+  ExpectOtherTombstoneLands();
 }
 
-TEST_F(ReplicatorTest, a_range_flush_is_not_held_up_by_a_failing_replica_for_another_ranges_tombstone) {
+TEST_F(RangeFlushTest, a_range_flush_is_not_held_up_by_a_failing_replica_for_another_ranges_tombstone) {
   // The replica of another range's deleted key keeps failing: a handoff's
   // flush of this range ships what is its own and ends in its first round.
-  auto down = std::make_shared<FailingDestination>(dest_);
-  ReplicatorOptions o = Options();
-  o.destination = down;
-  FleetFile mine = Main("flush-range-failing-tomb-mine");
-  FleetFile other;
-  for (int i = 0; i < 100; ++i) {
-    other = Main("flush-range-failing-tomb-other-" + std::to_string(i));
-    if (other.slot != mine.slot) break;
-  }
-  ASSERT_NE(other.slot, mine.slot);
-  Start(o);
-  {
-    PutLocal(other, std::string(4096, 'O'), kEpoch);
-    auto watch = rep_->Watch(other, kEpoch);
-    { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit
-    ASSERT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
-  }
-  fs::remove(Backing(other));
-  down->Inject(Fault{.kind = Request::kCreate, .status = Unavailable("that key's replica is down"),
-                     .under = LogDir(other)});
-  rep_->Deleted(other, kEpoch);
-  EXPECT_FALSE(rep_->Flush(mono_.Now()));
-  ASSERT_GT(down->injected_failures(), 0);
-  // Restarted with the tombstone unshipped: no round runs until one is
-  // asked, so every call on the failing replica from here is the flush's.
-  rep_.reset();
-  Start(o);
-  PutLocal(mine, std::string(4096, 'M'), kEpoch);
-  auto watch = rep_->Watch(mine, kEpoch);
-  { auto guard = watch->BeforeTruncate(FileRole::kMain, 4096); }  // a commit, not shipped
-  const int failed = down->injected_failures();
+  Setup(
+      "flush-range-failing-tomb",
+      [this](FailingDestination& d) {
+        d.Inject(Fault{.kind = Request::kCreate, .status = Unavailable("that key's replica is down"),
+                       .under = LogDir(other_)});
+      },
+      /*heal=*/false);
+  ASSERT_GT(down_->injected_failures(), 0);
+  const int failed = down_->injected_failures();
   // A deadline of now: one round, and it must be clean. Nor may the flush
   // spend any of its time on the other range's failing replica (a slow one
   // would spend all of it).
-  EXPECT_TRUE(rep_->FlushRange(mono_.Now(), mine.slot, mine.slot));
-  EXPECT_EQ(down->injected_failures(), failed) << "the flush tried another range's tombstone";
+  EXPECT_TRUE(rep_->FlushRange(mono_.Now(), mine_.slot, mine_.slot));
+  EXPECT_EQ(down_->injected_failures(), failed) << "the flush tried another range's tombstone";
   EXPECT_EQ(rep_->Stats().unshipped_tenants, 0u);
   EXPECT_EQ(rep_->Stats().tombstones, 0u);
   EXPECT_FALSE(rep_->Flush(mono_.Now())) << "the other range's tombstone cannot land yet";
-  EXPECT_GT(down->injected_failures(), failed);
-  down->Heal();
-  EXPECT_TRUE(rep_->Flush(mono_.Now() + seconds(20)));
-  EXPECT_EQ(rep_->Stats().tombstones, 1u);
-  auto tail = Tail(*inner_, other);
-  ASSERT_TRUE(tail.ok()) << tail.status().message();
-  EXPECT_EQ(tail->kind, LogKind::kTombstone);
+  EXPECT_GT(down_->injected_failures(), failed);
+  down_->Heal();
+  ExpectOtherTombstoneLands();
 }
 
 // ---- review of the log's wiring: each finding, a test ----

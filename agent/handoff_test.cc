@@ -135,75 +135,62 @@ TEST_F(HandoffsTest, a_drain_never_releases_a_held_range_that_is_not_served) {
   EXPECT_EQ(plan->park, (std::vector{Range(100, 199)}));
 }
 
-// etcd deletes the offering row with the offer, and the offer's key goes
-// with its window: an untaken offer leaves no row at all.
-TEST_F(HandoffsTest, an_offer_nobody_takes_comes_back_when_the_store_keeps_no_row_of_it) {
-  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
-  Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
-  handoffs_.Released(At(20), Range(0, 99), true, true);
-  std::vector<LogLine> log;
+// 0-99 offered to b at 20 ms, for a window of 30 s.
+class OfferedTest : public HandoffsTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
+    Step(0);
+    handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
+    handoffs_.Released(At(20), Range(0, 99), true, true);
+    ASSERT_TRUE(offered_.Claim(Range(0, 99), Owner("a"), 0, Millis(30'000)).ok());
+    ASSERT_TRUE(offered_.Offer(Range(0, 99), Owner("a"), lease::Epoch(1), 20, Owner("b"),
+                               Millis(30'000)));
+  }
+  std::vector<lease::SlotRange> NotTaken(std::int64_t ms, const lease::OwnershipTable& table) {
+    return handoffs_.OffersNotTaken(At(ms), table, Owner("a"), ms, log_);
+  }
+  lease::OwnershipTable offered_;  // the SQLite store's table: a's lapsed row, offered
+  std::vector<LogLine> log_;
+};
+
+TEST_F(OfferedTest, an_offer_nobody_takes_gives_the_range_back_after_the_window) {
   EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(29'000)));
+  EXPECT_TRUE(NotTaken(29'000, offered_).empty()) << "the window still runs";
   EXPECT_TRUE(handoffs_.AwaitsOfferEnd(At(30'100)));
-  EXPECT_EQ(handoffs_.OffersNotTaken(At(30'100), lease::OwnershipTable{}, Owner("a"), 30'100, log),
-            (std::vector{Range(0, 99)}));
+  EXPECT_EQ(NotTaken(30'100, offered_), (std::vector{Range(0, 99)}));
+  ASSERT_EQ(log_.size(), 1u);
+  EXPECT_NE(log_[0].text.find("nobody took the offer"), std::string::npos);
   EXPECT_TRUE(handoffs_.withheld().empty());
   EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(30'100)));
 }
 
-TEST_F(HandoffsTest, an_offer_nobody_takes_gives_the_range_back_after_the_window) {
-  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
-  Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
-  handoffs_.Released(At(20), Range(0, 99), true, true);
-  lease::OwnershipTable table;
-  ASSERT_TRUE(table.Claim(Range(0, 99), Owner("a"), 0, Millis(30'000)).ok());
-  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), lease::Epoch(1), 20, Owner("b"),
-                          Millis(30'000)));
-  std::vector<LogLine> log;
-  EXPECT_TRUE(handoffs_.OffersNotTaken(At(29'000), table, Owner("a"), 29'000, log).empty())
-      << "the window still runs";
-  // b took it: nothing comes back, and the rows need not be read again for
-  // it (the poll would read every row on etcd, ~7 times a second, forever).
-  lease::OwnershipTable taken = table;
+// etcd deletes the offering row with the offer, and the offer's key goes
+// with its window: an untaken offer leaves no row at all.
+TEST_F(OfferedTest, an_offer_nobody_takes_comes_back_when_the_store_keeps_no_row_of_it) {
+  EXPECT_EQ(NotTaken(30'100, lease::OwnershipTable{}), (std::vector{Range(0, 99)}));
+  EXPECT_TRUE(handoffs_.withheld().empty());
+  EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(30'100)));
+}
+
+TEST_F(OfferedTest, an_offer_taken_keeps_the_range_parked_and_ends_the_reads_of_the_rows) {
+  // Otherwise the poll would read every row on etcd, ~7 times a second,
+  // for ever.
+  lease::OwnershipTable taken = offered_;
   ASSERT_TRUE(taken.Claim(Range(0, 99), Owner("b"), 25'000, Millis(30'000)).ok());
-  EXPECT_TRUE(handoffs_.AwaitsOfferEnd(At(30'100)));
-  EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), taken, Owner("a"), 30'100, log).empty());
+  EXPECT_TRUE(NotTaken(30'100, taken).empty());
   EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(3'600'000)));
   EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)})) << "still parked here";
 }
 
 // Another host's row in part of the range after the window: someone claimed
 // there, and the range stays parked here (a claim would be refused anyway).
-TEST_F(HandoffsTest, another_hosts_row_in_part_of_the_range_counts_as_taken) {
-  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
-  Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
-  handoffs_.Released(At(20), Range(0, 99), true, true);
+TEST_F(OfferedTest, another_hosts_row_in_part_of_the_range_counts_as_taken) {
   lease::OwnershipTable other;
   ASSERT_TRUE(other.Claim(Range(50, 149), Owner("c"), 30'050, Millis(30'000)).ok());
-  std::vector<LogLine> log;
-  EXPECT_TRUE(handoffs_.OffersNotTaken(At(30'100), other, Owner("a"), 30'100, log).empty());
+  EXPECT_TRUE(NotTaken(30'100, other).empty());
   EXPECT_FALSE(handoffs_.AwaitsOfferEnd(At(30'100)));
   EXPECT_EQ(handoffs_.withheld(), (std::set{Range(0, 99)}));
-}
-
-TEST_F(HandoffsTest, an_offer_not_taken_is_judged_from_the_rows_after_the_window) {
-  ASSERT_TRUE(handoffs_.Request(At(0), Range(0, 99), Owner("b"), status_, Owner("a")).ok());
-  Step(0);
-  handoffs_.StopWorkDone(At(10), Range(0, 99), true, true);
-  handoffs_.Released(At(20), Range(0, 99), true, true);
-  lease::OwnershipTable table;
-  ASSERT_TRUE(table.Claim(Range(0, 99), Owner("a"), 0, Millis(30'000)).ok());
-  ASSERT_TRUE(table.Offer(Range(0, 99), Owner("a"), lease::Epoch(1), 20, Owner("b"),
-                          Millis(30'000)));
-  std::vector<LogLine> log;
-  // Nobody took it: the range comes back, logged, and is no longer withheld.
-  EXPECT_EQ(handoffs_.OffersNotTaken(At(30'100), table, Owner("a"), 30'100, log),
-            (std::vector{Range(0, 99)}));
-  ASSERT_EQ(log.size(), 1u);
-  EXPECT_NE(log[0].text.find("nobody took the offer"), std::string::npos);
-  EXPECT_TRUE(handoffs_.withheld().empty());
 }
 
 TEST(ControlRequest, a_handoff_to_an_owner_needs_a_replica_and_a_release_does_not) {

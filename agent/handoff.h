@@ -183,17 +183,19 @@ class Handoffs {
   // here while held). One still waiting to send (StartHandoff said wait)
   // is not parked yet, so it goes on and ends parked.
   std::vector<lease::SlotRange> Undo();
+  // Whether a handoff's offer window ended by `now` and OffersNotTaken
+  // needs a read of the rows (the offer poll reads only the offers else).
+  bool AwaitsOfferEnd(MonoTime now) const;
   // The offer windows that ended unclaimed, per a read of the store at
   // store time `store_now`: every row in the range is this agent's, lapsed,
   // with no offer standing, or there is none (etcd deletes the offering row,
   // and the offer goes with its window). Their handoffs are forgotten
   // (logged); the caller unparks the ranges and claims them the normal way
-  // (the store decides: a row the read missed refuses the claim).
+  // (the store decides: a row the read missed refuses the claim). Another
+  // owner's row in the range means taken: the range stays parked, and that
+  // handoff awaits its offer's end no more (AwaitsOfferEnd).
   // `table` must hold the rows of the range (ReadSlots of its ends), not
   // only the offers.
-  // Whether a handoff's offer window ended by `now` and OffersNotTaken
-  // needs a read of the rows (the offer poll reads only the offers else).
-  bool AwaitsOfferEnd(MonoTime now) const;
   std::vector<lease::SlotRange> OffersNotTaken(MonoTime now, const lease::OwnershipTable& table,
                                                const lease::OwnerId& self,
                                                std::int64_t store_now,

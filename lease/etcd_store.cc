@@ -222,7 +222,10 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
   }
   // An offer stands only while no row overlaps it (a claim of the range
   // deletes it in its txn; a row beside it is a claim that did not know of
-  // offers), and never over another offer.
+  // offers), never over another offer, and never at the epoch of a row or
+  // another offer (its row's epoch, deleted with the offer's put: a second
+  // holder of it is stale or planted, and a table with two would fail
+  // every read and claim of the fleet).
   std::vector<StoredRow> kept;
   for (StoredRow& offer : offers) {
     // An offered epoch was granted, so it is at most the counter; a bigger
@@ -233,7 +236,9 @@ Result<EtcdStore::Snapshot> EtcdStore::Load(MonoTime deadline) {
                    Printable(offer.key), offer.row.epoch.value(), snapshot.counter);
       continue;
     }
-    auto overlaps = [&](const StoredRow& other) { return other.row.range.Overlaps(offer.row.range); };
+    auto overlaps = [&](const StoredRow& other) {
+      return other.row.range.Overlaps(offer.row.range) || other.row.epoch == offer.row.epoch;
+    };
     if (std::any_of(snapshot.rows.begin(), snapshot.rows.end(), overlaps) ||
         std::any_of(kept.begin(), kept.end(), overlaps)) {
       continue;

@@ -333,6 +333,34 @@ TEST_F(EtcdStoreTest, a_stale_offer_that_sorts_first_does_not_hide_a_real_one_fr
   EXPECT_EQ(Paths(), (std::vector<std::string>{"/v3/kv/range", "/v3/lease/timetolive"}));
 }
 
+// No grant leaves two offers, or an offer and a row, at one epoch: a stale
+// or planted key that does is ignored, never a failure of every read and
+// claim of the fleet (nor of the poll for offers).
+TEST_F(EtcdStoreTest, an_offer_at_the_epoch_of_another_row_or_offer_is_ignored) {
+  AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
+  AsGrant(store_->Claim(Range(100, 199), Owner("a"), kTtl, 0));
+  ASSERT_TRUE(*store_->Offer(Range(100, 199), Owner("a"), Epoch(2), Owner("b"), kTtl));
+  for (const char* key : {"fleet/a/offers/00200-00299", "fleet/a/offers/00300-00399"}) {
+    etcd_->Put(key, nlohmann::json{{"owner", "x"}, {"epoch", 1}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
+               etcd_->GrantLease(9));
+  }
+  etcd_->Put("fleet/a/offers/00400-00499",
+             nlohmann::json{{"owner", "x"}, {"epoch", 2}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
+             etcd_->GrantLease(9));
+  const auto table = store_->Read();
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  std::vector<OwnershipRow> offers;
+  for (const OwnershipRow& row : table->rows()) {
+    if (row.offered_to) offers.push_back(row);
+  }
+  ASSERT_EQ(offers.size(), 1u);
+  EXPECT_EQ(offers[0].range, Range(100, 199));
+  const auto polled = store_->ReadOffers();
+  ASSERT_TRUE(polled.ok()) << polled.status().message();
+  EXPECT_EQ(polled->rows(), offers);
+  EXPECT_EQ(AsGrant(store_->Claim(Range(500, 599), Owner("c"), kTtl, 0)).epoch, Epoch(3));
+}
+
 TEST_F(EtcdStoreTest, release_deletes_the_row_then_revokes_its_lease) {
   AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
   const std::int64_t lease = LeaseOf(Range(0, 99));

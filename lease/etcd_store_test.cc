@@ -305,6 +305,30 @@ TEST_F(EtcdStoreTest, a_read_of_the_offers_reads_only_the_offer_keys_and_their_t
   EXPECT_TRUE(store_->ReadOffers()->rows().empty());
 }
 
+// An offer key nobody's grant wrote (stale, or planted), on its own lease.
+void PlantOffer(FakeEtcd& etcd, const std::string& key, std::uint64_t epoch) {
+  etcd.Put(key,
+           nlohmann::json{{"owner", "x"}, {"epoch", epoch}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
+           etcd.GrantLease(9));
+}
+
+// The offers Read keeps, which must be exactly those the offer poll reads.
+std::vector<OwnershipRow> OffersReadAndPolled(OwnershipStore& store) {
+  std::vector<OwnershipRow> offers;
+  const auto table = store.Read();
+  EXPECT_TRUE(table.ok()) << table.status().message();
+  if (!table.ok()) return offers;
+  for (const OwnershipRow& row : table->rows()) {
+    if (row.offered_to) offers.push_back(row);
+  }
+  const auto polled = store.ReadOffers();
+  EXPECT_TRUE(polled.ok()) << polled.status().message();
+  if (polled.ok()) {
+    EXPECT_EQ(polled->rows(), offers);
+  }
+  return offers;
+}
+
 // A stale (or planted) offer key that sorts before a real offer and
 // overlaps it must not hide it: the read of the offers keeps the offers that
 // Read keeps, which knows the stale one lies over a live row.
@@ -312,20 +336,10 @@ TEST_F(EtcdStoreTest, a_stale_offer_that_sorts_first_does_not_hide_a_real_one_fr
   AsGrant(store_->Claim(Range(0, 49), Owner("a"), kTtl, 0));
   AsGrant(store_->Claim(Range(50, 99), Owner("a"), kTtl, 0));
   ASSERT_TRUE(*store_->Offer(Range(50, 99), Owner("a"), Epoch(2), Owner("b"), kTtl));
-  etcd_->Put("fleet/a/offers/00000-00099",
-             nlohmann::json{{"owner", "a"}, {"epoch", 1}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
-             etcd_->GrantLease(9));
-  const auto table = store_->Read();
-  ASSERT_TRUE(table.ok()) << table.status().message();
-  std::vector<OwnershipRow> read_offers;
-  for (const OwnershipRow& row : table->rows()) {
-    if (row.offered_to) read_offers.push_back(row);
-  }
+  PlantOffer(*etcd_, "fleet/a/offers/00000-00099", 1);
+  const std::vector<OwnershipRow> read_offers = OffersReadAndPolled(*store_);
   ASSERT_EQ(read_offers.size(), 1u);
   EXPECT_EQ(read_offers[0].range, Range(50, 99));
-  const auto offers = store_->ReadOffers();
-  ASSERT_TRUE(offers.ok()) << offers.status().message();
-  EXPECT_EQ(offers->rows(), read_offers);
   // Without a clash the offer read stays the cheap one.
   etcd_->Expire(etcd_->Get("fleet/a/offers/00000-00099")->lease);
   etcd_->ClearSeen();
@@ -340,24 +354,12 @@ TEST_F(EtcdStoreTest, an_offer_at_the_epoch_of_another_row_or_offer_is_ignored) 
   AsGrant(store_->Claim(Range(0, 99), Owner("a"), kTtl, 0));
   AsGrant(store_->Claim(Range(100, 199), Owner("a"), kTtl, 0));
   ASSERT_TRUE(*store_->Offer(Range(100, 199), Owner("a"), Epoch(2), Owner("b"), kTtl));
-  for (const char* key : {"fleet/a/offers/00200-00299", "fleet/a/offers/00300-00399"}) {
-    etcd_->Put(key, nlohmann::json{{"owner", "x"}, {"epoch", 1}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
-               etcd_->GrantLease(9));
-  }
-  etcd_->Put("fleet/a/offers/00400-00499",
-             nlohmann::json{{"owner", "x"}, {"epoch", 2}, {"to", "b"}, {"ttl_ms", 9000}}.dump(),
-             etcd_->GrantLease(9));
-  const auto table = store_->Read();
-  ASSERT_TRUE(table.ok()) << table.status().message();
-  std::vector<OwnershipRow> offers;
-  for (const OwnershipRow& row : table->rows()) {
-    if (row.offered_to) offers.push_back(row);
-  }
+  PlantOffer(*etcd_, "fleet/a/offers/00200-00299", 1);
+  PlantOffer(*etcd_, "fleet/a/offers/00300-00399", 1);
+  PlantOffer(*etcd_, "fleet/a/offers/00400-00499", 2);
+  const std::vector<OwnershipRow> offers = OffersReadAndPolled(*store_);
   ASSERT_EQ(offers.size(), 1u);
   EXPECT_EQ(offers[0].range, Range(100, 199));
-  const auto polled = store_->ReadOffers();
-  ASSERT_TRUE(polled.ok()) << polled.status().message();
-  EXPECT_EQ(polled->rows(), offers);
   EXPECT_EQ(AsGrant(store_->Claim(Range(500, 599), Owner("c"), kTtl, 0)).epoch, Epoch(3));
 }
 

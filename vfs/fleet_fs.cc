@@ -136,6 +136,9 @@ class FleetFs::Impl final : public FencedFiles {
   void Stop();
 
   const VfsStats& stats() const { return stats_; }
+  std::string TransportName() const { return "/dev/fuse"; }
+  std::string TransportWhy() const { return ""; }
+
   std::size_t OpenHandles() const {
     std::lock_guard lock(handles_mu_);
     return file_handles_.size();
@@ -1545,6 +1548,8 @@ void FleetFs::WaitForFences() { impl_->WaitForFences(); }
 void FleetFs::Unmount() { impl_->Stop(); }
 const VfsStats& FleetFs::stats() const { return impl_->stats(); }
 std::size_t FleetFs::OpenHandles() const { return impl_->OpenHandles(); }
+std::string FleetFs::TransportName() const { return impl_->TransportName(); }
+std::string FleetFs::TransportWhy() const { return impl_->TransportWhy(); }
 std::vector<std::pair<std::string, std::size_t>> FleetFs::OpenHandlesByTenant() const {
   return impl_->OpenHandlesByTenant();
 }

@@ -47,12 +47,20 @@
 
 namespace fleetfs::vfs {
 
+// How FUSE requests reach the agent (vfs/uring_transport.h).
+enum class Transport {
+  kAuto,     // io_uring when the kernel allows it, else /dev/fuse
+  kIoUring,  // io_uring or no mount: Mount fails when the kernel refuses it
+  kDevFuse,  // read and write /dev/fuse, as libfuse does
+};
+
 struct MountOptions {
   std::string backing;     // absolute path of an existing directory
   std::string mountpoint;  // absolute path of an existing, unmounted directory
   FleetMode mode = FleetMode::kTenant;
   bool allow_create = true;  // false: creating a main file is refused (sidecars still work)
   int max_threads = 10;
+  Transport transport = Transport::kAuto;
   const MonotonicClock* clock = nullptr;  // must outlive the mount
   // Times FUSE requests for the latency histograms; `clock` when null. Apart
   // so that a test that counts the lease clock's reads is not raced by
@@ -102,6 +110,11 @@ class FleetFs {
   // Ends the session and removes the mount. Publish an empty view and wait
   // for its fence first: after this, open descriptors fail with ENOTCONN.
   void Unmount();
+
+  // The transport in use: "io_uring" or "/dev/fuse". Known when Mount
+  // returns; with kAuto, why io_uring was not used is in TransportWhy().
+  std::string TransportName() const;
+  std::string TransportWhy() const;  // empty when the asked-for one runs
 
   const VfsStats& stats() const;
   std::size_t OpenHandles() const;

@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   # libraries (see README, "Dependencies")
   libsqlite3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-  libfuse3-dev libuv1-dev libspdlog-dev libtomlplusplus-dev libhttp-parser-dev
+  libfuse3-dev liburing-dev libuv1-dev libspdlog-dev libtomlplusplus-dev libhttp-parser-dev
   libzstd-dev libxxhash-dev libcurl4-openssl-dev
   # the s3:// destination: XML answers, SHA-256 of request bodies
   libpugixml-dev libssl-dev

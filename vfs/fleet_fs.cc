@@ -136,8 +136,8 @@ class FleetFs::Impl final : public FencedFiles {
   void Stop();
 
   const VfsStats& stats() const { return stats_; }
-  std::string TransportName() const { return "/dev/fuse"; }
-  std::string TransportWhy() const { return ""; }
+  std::string TransportName() const { return transport_ ? transport_->name() : "/dev/fuse"; }
+  std::string TransportWhy() const { return transport_ ? transport_->why() : ""; }
 
   std::size_t OpenHandles() const {
     std::lock_guard lock(handles_mu_);
@@ -422,9 +422,10 @@ class FleetFs::Impl final : public FencedFiles {
 
   fuse_session* session_ = nullptr;
   SessionNotifier notifier_;
-  ParallelDirops dirops_;  // INIT's answer asks for parallel lookups (init_reply.h)
+  // Carries the session's requests; asks INIT for parallel lookups. Reset
+  // after the session is destroyed.
+  std::unique_ptr<SessionTransport> transport_;
   Fence fence_;  // after everything it reaches: destroyed (stopped) first
-  std::thread loop_thread_;
   bool mounted_ = false;
   std::atomic<bool> stopping_{false};  // Stop has begun: the session's end is expected
 };
@@ -483,42 +484,48 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
                        " (is /dev/fuse there, and are we root?)");
   }
   mounted_ = true;
-  // Every message to and from the kernel passes through ParallelDirops, so
-  // that INIT's answer asks for parallel lookups (see vfs/init_reply.h).
-  static constexpr fuse_custom_io kIo = [] {
-    fuse_custom_io io{};
-    io.read = [](int fd, void* buf, size_t len, void* userdata) -> ssize_t {
-      ssize_t n = ::read(fd, buf, len);
-      if (n > 0) static_cast<Impl*>(userdata)->dirops_.SawRequest(buf, static_cast<size_t>(n));
-      return n;
-    };
-    io.writev = [](int fd, struct iovec* iov, int count, void* userdata) -> ssize_t {
-      std::string patched;
-      if (static_cast<Impl*>(userdata)->dirops_.Patch(iov, count, &patched)) {
-        spdlog::debug("vfs: the kernel may send lookups of one directory in parallel");
-        return ::write(fd, patched.data(), patched.size());
-      }
-      return ::writev(fd, iov, count);
-    };
-    return io;
-  }();
-  if (int rc = fuse_session_custom_io(session_, &kIo, fuse_session_fd(session_)); rc != 0) {
-    spdlog::warn("vfs: lookups of one directory stay serialized (custom I/O refused: {})",
-                 std::strerror(-rc));
-  }
+  TransportOptions transport;
+  transport.transport = options_.transport;
+  transport.dev_threads = options_.max_threads;
+  // A worker blocked reading /dev/fuse sees the exit flag only after one
+  // more request: a stat under the control directory makes one.
+  transport.wake = [path = options_.mountpoint + "/" + std::string(kControlDirName) + "/wake-" +
+                           std::to_string(::getpid())] {
+    struct stat st;
+    ::stat(path.c_str(), &st);
+  };
+  transport.on_session_end = [this] {
+    if (stopping_.load()) return;
+    spdlog::error("vfs: the FUSE session at {} ended without the agent: unmounted by someone "
+                  "else?", options_.mountpoint);
+    if (options_.on_session_end) options_.on_session_end();
+  };
+  transport_ = std::make_unique<SessionTransport>(std::move(transport));
   fence_.Start();
-  loop_thread_ = std::thread([this] {
-    fuse_loop_config* config = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(options_.max_threads));
-    fuse_loop_cfg_set_clone_fd(config, 0);
-    int rc = fuse_session_loop_mt(session_, config);
-    fuse_loop_cfg_destroy(config);
-    if (!stopping_.load()) {
-      spdlog::error("vfs: the FUSE session at {} ended without the agent ({}): unmounted by "
-                    "someone else?", options_.mountpoint, rc);
-      if (options_.on_session_end) options_.on_session_end();
-    }
-  });
+  std::string error;
+  if (!transport_->Start(
+          session_, [](void* userdata) { return static_cast<Impl*>(userdata)->transport_.get(); },
+          &error)) {
+    stopping_ = true;
+    fence_.Stop();
+    transport_->Stop();
+    fuse_session_unmount(session_);
+    fuse_session_destroy(session_);
+    session_ = nullptr;
+    transport_.reset();
+    mounted_ = false;
+    return Unavailable("cannot serve " + options_.mountpoint + ": " + error);
+  }
+  if (transport_->init().dirops_applied()) {
+    spdlog::debug("vfs: the kernel may send lookups of one directory in parallel");
+  }
+  if (transport_->name() == "io_uring") {
+    spdlog::info("vfs: transport io_uring ({} queues)", transport_->queues());
+  } else if (!transport_->why().empty()) {
+    spdlog::info("vfs: transport /dev/fuse: {}", transport_->why());
+  } else {
+    spdlog::info("vfs: transport /dev/fuse (asked for)");
+  }
   return Status::Ok();
 }
 
@@ -527,19 +534,11 @@ void FleetFs::Impl::Stop() {
   fence_.Stop();
   stopping_ = true;
   if (mounted_) {
-    fuse_session_exit(session_);
-    // A worker blocked reading /dev/fuse sees the exit flag only after one
-    // more request: send one, from a thread of its own.
-    std::thread waker([path = options_.mountpoint + "/" + std::string(kControlDirName) +
-                              "/wake-" + std::to_string(::getpid())] {
-      struct stat st;
-      ::stat(path.c_str(), &st);
-    });
-    if (loop_thread_.joinable()) loop_thread_.join();
+    transport_->Stop();
     fuse_session_unmount(session_);
-    waker.join();
     fuse_session_destroy(session_);
     session_ = nullptr;
+    transport_.reset();  // joins the /dev/fuse waker, whose request the unmount answered
     mounted_ = false;
   }
   // The session is gone: the kernel will not release what is still open.

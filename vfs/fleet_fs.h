@@ -42,17 +42,11 @@
 #include "fleet/layout.h"
 #include "fleet/status.h"
 #include "fleet/tenant_hooks.h"
+#include "vfs/fuse_transport.h"
 #include "vfs/serving_view.h"
 #include "vfs/vfs_stats.h"
 
 namespace fleetfs::vfs {
-
-// How FUSE requests reach the agent (vfs/uring_transport.h).
-enum class Transport {
-  kAuto,     // io_uring when the kernel allows it, else /dev/fuse
-  kIoUring,  // io_uring or no mount: Mount fails when the kernel refuses it
-  kDevFuse,  // read and write /dev/fuse, as libfuse does
-};
 
 struct MountOptions {
   std::string backing;     // absolute path of an existing directory

@@ -1,0 +1,662 @@
+#include "vfs/fuse_transport.h"
+
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <liburing.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+
+namespace fleetfs::vfs {
+namespace {
+
+// FUSE over io_uring's ABI (linux/fuse.h of 6.14 and later; Debian 12's
+// header is 6.1's). The kernel checks the header buffer's size against this
+// layout, so a mismatch is refused at registration, not misread.
+constexpr std::size_t kUringHeaderBytes = 128;
+struct UringEntInOut {
+  std::uint64_t flags;
+  std::uint64_t commit_id;  // the request's unique
+  std::uint32_t payload_sz;
+  std::uint32_t padding;
+  std::uint64_t reserved;
+};
+struct UringReqHeader {
+  char in_out[kUringHeaderBytes];  // fuse_in_header in, fuse_out_header out
+  char op_in[kUringHeaderBytes];   // the op's header (its first argument)
+  UringEntInOut ent_in_out;
+};
+struct UringCmdReq {
+  std::uint64_t flags;
+  std::uint64_t commit_id;
+  std::uint16_t qid;
+  std::uint8_t padding[6];
+};
+static_assert(sizeof(UringReqHeader) == 288);
+static_assert(sizeof(UringCmdReq) == 24);
+constexpr std::uint32_t kCmdRegister = 1;
+constexpr std::uint32_t kCmdCommitAndFetch = 2;
+
+// Room in front of each payload for the request's headers, so that the
+// whole request is contiguous for fuse_session_process_buf.
+constexpr std::size_t kFront = 4096;
+constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
+// Entries of a ring kept waiting in the kernel beyond those holding requests,
+// and a bound on the entries one ring holds (held answers beyond it make
+// the queue's other requests wait, as on /dev/fuse with every thread busy).
+constexpr std::size_t kIdleEntries = 2;
+constexpr std::size_t kMaxEntriesPerRing = 1024;
+
+thread_local SessionTransport::Ring* tls_ring = nullptr;
+
+// Possible CPUs as the kernel counts its queues (num_possible_cpus).
+int PossibleCpus() {
+  std::ifstream in("/sys/devices/system/cpu/possible");
+  std::string text;
+  std::getline(in, text);
+  int count = 0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t comma = text.find(',', at);
+    std::string part = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    std::size_t dash = part.find('-');
+    int lo = std::atoi(part.c_str());
+    int hi = dash == std::string::npos ? lo : std::atoi(part.c_str() + dash + 1);
+    if (hi >= lo) count += hi - lo + 1;
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return count > 0 ? count : static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+}
+
+std::string UringParameter() {
+  std::ifstream in("/sys/module/fuse/parameters/enable_uring");
+  std::string v;
+  if (!(in >> v)) return "absent (no CONFIG_FUSE_IO_URING)";
+  return v;
+}
+
+}  // namespace
+
+int UringOpHeaderSize(std::uint32_t opcode, bool setxattr_ext) {
+  switch (opcode) {
+    case FUSE_LOOKUP: case FUSE_READLINK: case FUSE_SYMLINK: case FUSE_UNLINK:
+    case FUSE_RMDIR: case FUSE_STATFS: case FUSE_REMOVEXATTR: case FUSE_DESTROY:
+      return 0;
+    case FUSE_GETATTR: return sizeof(fuse_getattr_in);
+    case FUSE_SETATTR: return sizeof(fuse_setattr_in);
+    case FUSE_MKNOD: return sizeof(fuse_mknod_in);
+    case FUSE_MKDIR: return sizeof(fuse_mkdir_in);
+    case FUSE_RENAME: return sizeof(fuse_rename_in);
+    case FUSE_RENAME2: return sizeof(fuse_rename2_in);
+    case FUSE_LINK: return sizeof(fuse_link_in);
+    case FUSE_OPEN: case FUSE_OPENDIR: return sizeof(fuse_open_in);
+    case FUSE_READ: case FUSE_READDIR: case FUSE_READDIRPLUS: return sizeof(fuse_read_in);
+    case FUSE_WRITE: return sizeof(fuse_write_in);
+    case FUSE_RELEASE: case FUSE_RELEASEDIR: return sizeof(fuse_release_in);
+    case FUSE_FSYNC: case FUSE_FSYNCDIR: return sizeof(fuse_fsync_in);
+    case FUSE_SETXATTR: return setxattr_ext ? sizeof(fuse_setxattr_in) : FUSE_COMPAT_SETXATTR_IN_SIZE;
+    case FUSE_GETXATTR: case FUSE_LISTXATTR: return sizeof(fuse_getxattr_in);
+    case FUSE_FLUSH: return sizeof(fuse_flush_in);
+    case FUSE_GETLK: case FUSE_SETLK: case FUSE_SETLKW: return sizeof(fuse_lk_in);
+    case FUSE_ACCESS: return sizeof(fuse_access_in);
+    case FUSE_CREATE: case FUSE_TMPFILE: return sizeof(fuse_create_in);
+    case FUSE_BMAP: return sizeof(fuse_bmap_in);
+    case FUSE_IOCTL: return sizeof(fuse_ioctl_in);
+    case FUSE_POLL: return sizeof(fuse_poll_in);
+    case FUSE_NOTIFY_REPLY: return sizeof(fuse_notify_retrieve_in);
+    case FUSE_FALLOCATE: return sizeof(fuse_fallocate_in);
+    case FUSE_LSEEK: return sizeof(fuse_lseek_in);
+    case FUSE_COPY_FILE_RANGE: return sizeof(fuse_copy_file_range_in);
+    case FUSE_SYNCFS: return sizeof(fuse_syncfs_in);
+    case 52:  // FUSE_STATX: fuse_statx_in, after Debian 12's header
+      return 24;
+    default:
+      return -1;  // FORGET, BATCH_FORGET, INTERRUPT, INIT: /dev/fuse only
+  }
+}
+
+struct SessionTransport::Entry {
+  UringReqHeader header{};
+  struct iovec iov[2]{};
+  char* mem = nullptr;  // kFront bytes, then the payload
+  char* payload = nullptr;
+  std::size_t payload_size = 0;
+  Ring* ring = nullptr;
+  std::uint64_t commit_id = 0;
+  bool dead = false;
+  ~Entry() { std::free(mem); }
+};
+
+struct SessionTransport::Ring {
+  SessionTransport* owner = nullptr;
+  int qid = 0;
+  io_uring ring{};
+  bool ring_ok = false;
+  int wake_fd = -1;
+  std::uint64_t wake_buf = 0;
+  // Grows on the ring's thread only (AddEntry); read by others only before
+  // the thread registers.
+  std::vector<std::unique_ptr<Entry>> entries;
+  std::size_t out = 0;   // entries holding a request (not waiting in the kernel)
+  std::size_t live = 0;  // entries the kernel has not ended
+  std::size_t payload_size = 0;
+  std::thread thread;
+
+  std::mutex mu;  // guards the five below
+  std::condition_variable cv;
+  enum class Phase { kCreating, kCreated, kGo, kRegistered, kFailed, kStop } phase = Phase::kCreating;
+  std::string error;
+  std::vector<Entry*> inbox;  // answered on other threads, to commit here
+  bool closed = false;        // the ring is gone: answers are dropped
+
+  ~Ring() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+};
+
+namespace {
+
+void SetPhase(SessionTransport::Ring* r, SessionTransport::Ring::Phase phase, std::string error = {}) {
+  std::lock_guard lock(r->mu);
+  r->phase = phase;
+  r->error = std::move(error);
+  r->cv.notify_all();
+}
+
+// The submission queue has room for every entry and the wake read; a full
+// one is submitted to make room.
+[[gnu::returns_nonnull]] io_uring_sqe* Sqe(io_uring* ring) {
+  for (;;) {
+    if (io_uring_sqe* sqe = io_uring_get_sqe(ring)) return sqe;
+    io_uring_submit(ring);
+  }
+}
+
+void PrepCmd(io_uring_sqe* sqe, int fd, std::uint32_t op, SessionTransport::Entry* e, int qid) {
+  // An SQE128 slot: the command's 80 bytes follow the common 48.
+  std::memset(static_cast<void*>(reinterpret_cast<char*>(sqe)), 0, 128);
+  sqe->opcode = IORING_OP_URING_CMD;
+  sqe->fd = fd;
+  sqe->cmd_op = op;
+  if (op == kCmdRegister) {
+    sqe->addr = reinterpret_cast<std::uint64_t>(e->iov);
+    sqe->len = 2;
+  }
+  UringCmdReq req{};
+  req.qid = static_cast<std::uint16_t>(qid);
+  req.commit_id = e->commit_id;
+  std::memcpy(sqe->cmd, &req, sizeof(req));
+  io_uring_sqe_set_data(sqe, e);
+}
+
+}  // namespace
+
+SessionTransport::SessionTransport(TransportOptions options) : options_(std::move(options)) {}
+
+SessionTransport::~SessionTransport() {
+  Stop();
+  if (waker_.joinable()) waker_.join();
+  if (stop_fd_ >= 0) ::close(stop_fd_);
+}
+
+std::string SessionTransport::name() const { return uring_.load() ? "io_uring" : "/dev/fuse"; }
+std::string SessionTransport::why() const { return why_; }
+int SessionTransport::queues() const { return uring_.load() ? nqueues_ : 0; }
+
+ssize_t SessionTransport::Read(int fd, void* buf, std::size_t len) {
+  ssize_t n = ::read(fd, buf, len);
+  if (n > 0) init_.SawRequest(buf, static_cast<std::size_t>(n));
+  return n;
+}
+
+ssize_t SessionTransport::Writev(int fd, struct iovec* iov, int count) {
+  if (uring_.load(std::memory_order_acquire) && count >= 1 &&
+      iov[0].iov_len == sizeof(fuse_out_header)) {
+    fuse_out_header out;
+    std::memcpy(&out, iov[0].iov_base, sizeof(out));
+    Entry* e = nullptr;
+    if (out.unique != 0) {
+      std::lock_guard lock(owed_mu_);
+      if (auto it = owed_.find(out.unique); it != owed_.end()) {
+        e = it->second;
+        owed_.erase(it);
+      }
+    }
+    if (e != nullptr) {
+      std::size_t total = 0;
+      for (int i = 1; i < count; ++i) total += iov[i].iov_len;
+      if (total > e->payload_size) {
+        out.error = -EIO;  // cannot happen: answers are bounded by max_write
+        total = 0;
+      } else {
+        std::size_t at = 0;
+        for (int i = 1; i < count; ++i) {
+          // memmove: an answer may echo bytes of its own request's payload.
+          std::memmove(e->payload + at, iov[i].iov_base, iov[i].iov_len);
+          at += iov[i].iov_len;
+        }
+      }
+      out.len = static_cast<std::uint32_t>(sizeof(out) + total);
+      std::memcpy(e->header.in_out, &out, sizeof(out));
+      e->header.ent_in_out.payload_sz = static_cast<std::uint32_t>(total);
+      Ring* r = e->ring;
+      if (tls_ring == r) {
+        PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
+        --r->out;
+      } else {
+        bool wake = false;
+        {
+          std::lock_guard lock(r->mu);
+          if (!r->closed) {
+            wake = r->inbox.empty();
+            r->inbox.push_back(e);
+          }
+        }
+        if (wake) eventfd_write(r->wake_fd, 1);
+      }
+      return static_cast<ssize_t>(sizeof(out) + total);
+    }
+  }
+  std::string patched;
+  if (init_.Patch(iov, count, &patched)) {
+    return ::write(fd, patched.data(), patched.size());
+  }
+  return ::writev(fd, iov, count);
+}
+
+bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::string* error) {
+  se_ = se;
+  started_ = true;
+  static OfUserdata lookup = nullptr;
+  lookup = of_userdata;
+  static constexpr fuse_custom_io kIo = [] {
+    fuse_custom_io io{};
+    io.read = [](int fd, void* buf, size_t len, void* userdata) -> ssize_t {
+      return lookup(userdata)->Read(fd, buf, len);
+    };
+    io.writev = [](int fd, struct iovec* iov, int count, void* userdata) -> ssize_t {
+      return lookup(userdata)->Writev(fd, iov, count);
+    };
+    return io;
+  }();
+  if (int rc = fuse_session_custom_io(se, &kIo, fuse_session_fd(se)); rc != 0) {
+    *error = std::string("the session's I/O could not be taken over: ") + std::strerror(-rc);
+    return false;
+  }
+  const bool want_uring = options_.transport != Transport::kDevFuse;
+  if (want_uring) {
+    // Rings first: INIT may announce io_uring only when every queue can
+    // register, because the kernel then holds every request until they have.
+    std::string ring_error;
+    if (!StartUring(&ring_error)) {
+      why_ = "io_uring rings could not be made: " + ring_error;
+      for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kStop);
+      for (auto& r : rings_) if (r->thread.joinable()) r->thread.join();
+      rings_.clear();
+    }
+    init_.AskForUring(!rings_.empty());
+  }
+  // INIT, here and now, so that the transport is known before any loop runs.
+  fuse_buf buf{};
+  int res;
+  do {
+    res = fuse_session_receive_buf(se, &buf);
+  } while (res == -EINTR);
+  if (res <= 0) {
+    std::free(buf.mem);
+    *error = std::string("reading INIT from the kernel failed: ") + std::strerror(res == 0 ? ENODEV : -res);
+    return false;
+  }
+  fuse_session_process_buf(se, &buf);
+  std::free(buf.mem);
+  if (!rings_.empty()) {
+    if (!init_.uring_announced()) {
+      why_ = init_.uring_offered()
+                 ? "INIT was not answered"
+                 : "the kernel does not offer FUSE over io_uring (fuse parameter enable_uring: " +
+                       UringParameter() + ")";
+    } else {
+      // Registration: every ring's thread registers its entries.
+      const std::size_t payload = init_.uring_payload_size();
+      for (auto& r : rings_) {
+        r->payload_size = payload;
+        for (int i = 0; i < options_.entries_per_thread; ++i) NewEntry(r.get());
+      }
+      for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kGo);
+      std::string failed;
+      for (auto& r : rings_) {
+        std::unique_lock lock(r->mu);
+        r->cv.wait(lock, [&] { return r->phase == Ring::Phase::kRegistered || r->phase == Ring::Phase::kFailed; });
+        if (r->phase == Ring::Phase::kFailed && failed.empty()) failed = r->error;
+      }
+      if (failed.empty()) {
+        uring_.store(true, std::memory_order_release);
+      } else {
+        // The kernel went back to /dev/fuse at the refusal (fc->io_uring=0).
+        why_ = "the kernel refused to register an io_uring queue: " + failed;
+      }
+    }
+    if (!uring_.load()) {
+      for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kStop);
+      for (auto& r : rings_) {
+        if (r->ring_ok) eventfd_write(r->wake_fd, 1);
+        if (r->thread.joinable()) r->thread.join();
+      }
+    }
+  }
+  if (options_.transport == Transport::kIoUring && !uring_.load()) {
+    *error = "transport io_uring: " + why_;
+    return false;
+  }
+  if (uring_.load()) {
+    StartDevReaders();
+  } else {
+    rings_.clear();
+    StartDevLoop();
+  }
+  return true;
+}
+
+bool SessionTransport::StartUring(std::string* error) {
+  nqueues_ = PossibleCpus();
+  const int fd = fuse_session_fd(se_);
+  for (int q = 0; q < nqueues_; ++q) {
+    for (int t = 0; t < options_.threads_per_queue; ++t) {
+      auto r = std::make_unique<Ring>();
+      r->owner = this;
+      r->qid = q;
+      Ring* rp = r.get();
+      rings_.push_back(std::move(r));
+      rp->thread = std::thread([this, rp, fd] {
+        if (options_.pin_threads) {
+          cpu_set_t set;
+          CPU_ZERO(&set);
+          CPU_SET(rp->qid, &set);
+          sched_setaffinity(0, sizeof(set), &set);  // best effort: a CPU may be offline
+        }
+        const unsigned depth = static_cast<unsigned>(options_.entries_per_thread) + 2;
+        io_uring_params params{};
+        params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN;
+        int rc = io_uring_queue_init_params(depth, &rp->ring, &params);
+        if (rc == -EINVAL) {  // a kernel without the two hints
+          params = io_uring_params{};
+          params.flags = IORING_SETUP_SQE128;
+          rc = io_uring_queue_init_params(depth, &rp->ring, &params);
+        }
+        rp->wake_fd = rc == 0 ? eventfd(0, EFD_CLOEXEC) : -1;
+        if (rc != 0 || rp->wake_fd < 0) {
+          if (rc == 0) io_uring_queue_exit(&rp->ring);
+          SetPhase(rp, Ring::Phase::kFailed,
+                   std::string("io_uring_queue_init: ") + std::strerror(rc != 0 ? -rc : errno));
+          return;
+        }
+        rp->ring_ok = true;
+        tls_ring = rp;
+        {
+          std::unique_lock lock(rp->mu);
+          rp->phase = Ring::Phase::kCreated;
+          rp->cv.notify_all();
+          rp->cv.wait(lock, [&] { return rp->phase == Ring::Phase::kGo || rp->phase == Ring::Phase::kStop; });
+          if (rp->phase == Ring::Phase::kStop) {
+            rp->closed = true;
+            lock.unlock();
+            io_uring_queue_exit(&rp->ring);
+            return;
+          }
+        }
+        for (auto& e : rp->entries) PrepCmd(Sqe(&rp->ring), fd, kCmdRegister, e.get(), rp->qid);
+        rp->live = rp->entries.size();
+        io_uring_sqe* wake = Sqe(&rp->ring);
+        io_uring_prep_read(wake, rp->wake_fd, &rp->wake_buf, sizeof(rp->wake_buf), 0);
+        io_uring_sqe_set_data64(wake, kWakeTag);
+        io_uring_submit(&rp->ring);
+        // A refused registration completes at once; an accepted one only
+        // when a request comes.
+        io_uring_cqe* cqe = nullptr;
+        std::string refused;
+        while (io_uring_peek_cqe(&rp->ring, &cqe) == 0) {
+          if (cqe->user_data != kWakeTag && cqe->res < 0 && refused.empty()) {
+            refused = std::strerror(-cqe->res);
+            static_cast<Entry*>(io_uring_cqe_get_data(cqe))->dead = true;
+          }
+          if (cqe->res >= 0 && cqe->user_data != kWakeTag) break;  // a request: the loop's
+          io_uring_cqe_seen(&rp->ring, cqe);
+        }
+        SetPhase(rp, refused.empty() ? Ring::Phase::kRegistered : Ring::Phase::kFailed, refused);
+        if (!refused.empty()) {
+          {
+            std::lock_guard lock(rp->mu);
+            rp->closed = true;
+          }
+          io_uring_queue_exit(&rp->ring);
+          return;
+        }
+        RunRing(rp, fd);
+      });
+    }
+  }
+  std::string failed;
+  for (auto& r : rings_) {
+    std::unique_lock lock(r->mu);
+    r->cv.wait(lock, [&] { return r->phase != Ring::Phase::kCreating; });
+    if (r->phase == Ring::Phase::kFailed && failed.empty()) failed = r->error;
+  }
+  if (!failed.empty()) {
+    *error = failed;
+    return false;
+  }
+  return true;
+}
+
+SessionTransport::Entry* SessionTransport::NewEntry(Ring* r) {
+  auto e = std::make_unique<Entry>();
+  e->ring = r;
+  e->payload_size = r->payload_size;
+  // Pages are touched only as requests fill them: an entry that only ever
+  // carries lookups costs a few of its payload's pages.
+  e->mem = static_cast<char*>(std::aligned_alloc(4096, kFront + r->payload_size));
+  e->payload = e->mem + kFront;
+  e->iov[0] = {&e->header, sizeof(e->header)};
+  e->iov[1] = {e->payload, r->payload_size};
+  r->entries.push_back(std::move(e));
+  return r->entries.back().get();
+}
+
+void SessionTransport::RunRing(Ring* r, int fd) {
+  for (auto& e : r->entries) r->live -= e->dead ? 1 : 0;
+  bool stop = r->live == 0;
+  while (!stop) {
+    // An answer that waits (a lookup behind a restore) keeps its entry, and
+    // the kernel sends a queue's requests only to entries it holds: keep
+    // some waiting there, so that held answers never stall the others.
+    while (r->live - r->out < kIdleEntries && r->entries.size() < kMaxEntriesPerRing) {
+      PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
+      ++r->live;
+      if (r->entries.size() == kMaxEntriesPerRing) {
+        spdlog::warn("vfs: io_uring queue {}: a thread holds {} requests waiting for answers; "
+                     "no more entries are added", r->qid, r->entries.size());
+      }
+    }
+    int rc = io_uring_submit_and_wait(&r->ring, 1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      spdlog::error("vfs: io_uring queue {} stopped: {}", r->qid, std::strerror(-rc));
+      break;
+    }
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&r->ring, &cqe) == 0) {
+      const std::uint64_t tag = cqe->user_data;
+      const int res = cqe->res;
+      io_uring_cqe_seen(&r->ring, cqe);
+      if (tag == kWakeTag) {
+        std::vector<Entry*> inbox;
+        {
+          std::lock_guard lock(r->mu);
+          inbox.swap(r->inbox);
+          stop = stop || r->phase == Ring::Phase::kStop;
+        }
+        for (Entry* e : inbox) PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
+        r->out -= inbox.size();
+        io_uring_sqe* wake = Sqe(&r->ring);
+        io_uring_prep_read(wake, r->wake_fd, &r->wake_buf, sizeof(r->wake_buf), 0);
+        io_uring_sqe_set_data64(wake, kWakeTag);
+        continue;
+      }
+      auto* e = static_cast<Entry*>(reinterpret_cast<void*>(tag));
+      if (res < 0) {
+        // The connection ended (-ENOTCONN) or the ring is going: this entry
+        // takes no more requests.
+        e->dead = true;
+        if (--r->live == 0) stop = true;
+        if (!stopping_.load() && res != -ENOTCONN) {
+          spdlog::warn("vfs: io_uring queue {} lost an entry: {}", r->qid, std::strerror(-res));
+        }
+        continue;
+      }
+      ++r->out;
+      Process(e, fd);
+    }
+  }
+  {
+    std::lock_guard lock(r->mu);
+    r->closed = true;
+  }
+  io_uring_queue_exit(&r->ring);
+}
+
+void SessionTransport::Process(Entry* e, int fd) {
+  const UringReqHeader& h = e->header;
+  fuse_in_header in;
+  std::memcpy(&in, h.in_out, sizeof(in));
+  e->commit_id = h.ent_in_out.commit_id;
+  const std::uint32_t payload = h.ent_in_out.payload_sz;
+  const int op = UringOpHeaderSize(in.opcode, init_.setxattr_ext());
+  {
+    // Owed before the handler runs: it may answer before it returns.
+    std::lock_guard lock(owed_mu_);
+    owed_[in.unique] = e;
+  }
+  if (op < 0 || op > static_cast<int>(kUringHeaderBytes) || payload > e->payload_size) {
+    fuse_out_header out{sizeof(out), -ENOSYS, in.unique};
+    struct iovec iov{&out, sizeof(out)};
+    Writev(fd, &iov, 1);
+    return;
+  }
+  // The request as /dev/fuse delivers it: its headers right in front of its
+  // payload, so the payload is not copied.
+  char* start = e->payload - sizeof(in) - static_cast<std::size_t>(op);
+  in.len = static_cast<std::uint32_t>(sizeof(in) + static_cast<std::size_t>(op) + payload);
+  std::memcpy(start, &in, sizeof(in));
+  std::memcpy(start + sizeof(in), h.op_in, static_cast<std::size_t>(op));
+  fuse_buf buf{};
+  buf.size = in.len;
+  buf.mem = start;
+  fuse_session_process_buf(se_, &buf);
+}
+
+void SessionTransport::StartDevLoop() {
+  dev_threads_.emplace_back([this] {
+    fuse_loop_config* config = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(options_.dev_threads));
+    fuse_loop_cfg_set_clone_fd(config, options_.clone_fd ? 1 : 0);
+    if (options_.max_idle_threads >= 0) {
+      fuse_loop_cfg_set_idle_threads(config, static_cast<unsigned>(options_.max_idle_threads));
+    }
+    fuse_session_loop_mt(se_, config);
+    fuse_loop_cfg_destroy(config);
+    if (!stopping_.load()) SessionEnded();
+  });
+}
+
+void SessionTransport::StartDevReaders() {
+  const int fd = fuse_session_fd(se_);
+  // Non-blocking, so that a reader waits in epoll, where a stop reaches it.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  // Forgets and interrupts only: two readers are plenty.
+  for (int i = 0; i < 2; ++i) dev_threads_.emplace_back([this] { DevReader(stop_fd_); });
+}
+
+void SessionTransport::DevReader(int stop_fd) {
+  const int fd = fuse_session_fd(se_);
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event dev{};
+  dev.events = EPOLLIN | EPOLLEXCLUSIVE;  // one reader woken per message
+  dev.data.u32 = 0;
+  epoll_event stop{};
+  stop.events = EPOLLIN;
+  stop.data.u32 = 1;
+  if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &dev) != 0 ||
+      epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd, &stop) != 0) {
+    spdlog::error("vfs: a /dev/fuse reader could not start: {}", std::strerror(errno));
+    if (ep >= 0) ::close(ep);
+    return;
+  }
+  fuse_buf buf{};
+  bool stopped = false;
+  while (!stopped && !fuse_session_exited(se_)) {
+    const int res = fuse_session_receive_buf(se_, &buf);
+    if (res == -EAGAIN) {
+      epoll_event got[2];
+      const int n = epoll_wait(ep, got, 2, -1);
+      for (int i = 0; i < n; ++i) stopped = stopped || got[i].data.u32 == 1;
+      continue;
+    }
+    if (res == -EINTR || res == -ENOENT) continue;
+    if (res <= 0) break;
+    fuse_session_process_buf(se_, &buf);
+  }
+  std::free(buf.mem);
+  ::close(ep);
+  if (!stopping_.load()) SessionEnded();
+}
+
+void SessionTransport::SessionEnded() {
+  if (ended_.exchange(true)) return;
+  // Wake every other transport thread: the session is over for them too.
+  if (stop_fd_ >= 0) eventfd_write(stop_fd_, 1);
+  if (options_.on_session_end) options_.on_session_end();
+}
+
+void SessionTransport::Stop() {
+  if (!started_) return;
+  started_ = false;
+  stopping_ = true;
+  if (se_ != nullptr) fuse_session_exit(se_);
+  if (uring_.load()) {
+    eventfd_write(stop_fd_, 1);
+    for (auto& r : rings_) {
+      bool running;
+      {
+        std::lock_guard lock(r->mu);
+        running = !r->closed && r->ring_ok;
+        if (r->phase != Ring::Phase::kFailed) r->phase = Ring::Phase::kStop;
+        r->cv.notify_all();
+      }
+      if (running) eventfd_write(r->wake_fd, 1);
+    }
+    for (auto& r : rings_) if (r->thread.joinable()) r->thread.join();
+    for (auto& t : dev_threads_) if (t.joinable()) t.join();
+  } else if (!dev_threads_.empty()) {
+    // libfuse's readers block in read(): one more request wakes one, which
+    // ends the loop. The waker is joined after the unmount (destructor): its
+    // request may be answered only by the unmount.
+    if (options_.wake) waker_ = std::thread(options_.wake);
+    for (auto& t : dev_threads_) if (t.joinable()) t.join();
+  }
+  dev_threads_.clear();
+}
+
+}  // namespace fleetfs::vfs

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <new>
 
 namespace fleetfs::vfs {
 namespace {
@@ -467,7 +468,10 @@ SessionTransport::Entry* SessionTransport::NewEntry(Ring* r) {
   e->payload_size = r->payload_size;
   // Pages are touched only as requests fill them: an entry that only ever
   // carries lookups costs a few of its payload's pages.
-  e->mem = static_cast<char*>(std::aligned_alloc(4096, kFront + r->payload_size));
+  // aligned_alloc wants a whole number of alignments.
+  const std::size_t bytes = (kFront + r->payload_size + 4095) / 4096 * 4096;
+  e->mem = static_cast<char*>(std::aligned_alloc(4096, bytes));
+  if (e->mem == nullptr) throw std::bad_alloc();
   e->payload = e->mem + kFront;
   e->iov[0] = {&e->header, sizeof(e->header)};
   e->iov[1] = {e->payload, r->payload_size};

@@ -137,6 +137,7 @@ class FleetFs::Impl final : public FencedFiles {
 
   const VfsStats& stats() const { return stats_; }
   std::string TransportName() const { return transport_ ? transport_->name() : "/dev/fuse"; }
+  std::size_t KnownInodes() const { return inodes_.size(); }
   std::string TransportWhy() const { return transport_ ? transport_->why() : ""; }
 
   std::size_t OpenHandles() const {
@@ -1548,6 +1549,7 @@ void FleetFs::Unmount() { impl_->Stop(); }
 const VfsStats& FleetFs::stats() const { return impl_->stats(); }
 std::size_t FleetFs::OpenHandles() const { return impl_->OpenHandles(); }
 std::string FleetFs::TransportName() const { return impl_->TransportName(); }
+std::size_t FleetFs::KnownInodes() const { return impl_->KnownInodes(); }
 std::string FleetFs::TransportWhy() const { return impl_->TransportWhy(); }
 std::vector<std::pair<std::string, std::size_t>> FleetFs::OpenHandlesByTenant() const {
   return impl_->OpenHandlesByTenant();

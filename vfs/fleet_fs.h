@@ -112,6 +112,8 @@ class FleetFs {
 
   const VfsStats& stats() const;
   std::size_t OpenHandles() const;
+  // Inodes the kernel holds a lookup of (forgets shrink it).
+  std::size_t KnownInodes() const;
   std::size_t OpenHandlesIn(Slot first, Slot last) const;
   // Open handles per tenant (main path; its sidecars' handles count for it),
   // in no order: as many entries as tenants with open files.

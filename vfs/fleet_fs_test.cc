@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
 #include <sys/fsuid.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <csignal>
 #include <cstring>
 #include <random>
 #include <future>
@@ -92,6 +94,7 @@ class FleetFsTest : public ::testing::Test {
     };
     options.hooks = Hooks();
     options.max_threads = MaxThreads();
+    options.on_session_end = [this] { session_ends_++; };
     options.transport = TransportUnderTest();
     auto fs = FleetFs::Mount(options, ServeAll(1, 1, seconds(10)));
     ASSERT_TRUE(fs.ok()) << fs.status().message();
@@ -143,6 +146,7 @@ class FleetFsTest : public ::testing::Test {
   FakeClock latency_clock_;  // request timing, apart from the lease clock's counted reads
   std::atomic<bool> hold_writes_{false};  // the next write waits inside the mount
   std::atomic<bool> held_{false};         // a write is waiting there
+  std::atomic<int> session_ends_{0};
   std::filesystem::path root_;
   std::unique_ptr<FleetFs> fs_;
 };
@@ -520,6 +524,61 @@ class FakeHooks final : public TenantHooks {
   std::vector<std::pair<std::string, std::uint64_t>> prepared_at_;
   std::vector<std::string> deleted_;
 };
+
+// Forgets come over /dev/fuse on both transports (on io_uring the kernel
+// sends only requests that want an answer through the ring): the inode
+// table must shrink when the kernel drops its inodes.
+TEST_F(FleetFsTest, forgets_reach_the_inode_table) {
+  for (int i = 0; i < 20; ++i) {
+    int fd = ::open(Mounted("forget" + std::to_string(i)).c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ::close(fd);
+  }
+  const std::size_t known = fs_->KnownInodes();
+  ASSERT_GE(known, 20u);
+  bool shrank = false;
+  for (int i = 0; i < 3000 && !shrank; ++i) {
+    std::ofstream("/proc/sys/vm/drop_caches") << "2";  // dentries and inodes
+    shrank = fs_->KnownInodes() < known;
+    if (!shrank) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(shrank) << "no forget arrived: " << fs_->KnownInodes() << " inodes still known";
+}
+
+// A signal to an application waiting on the mount makes the kernel send an
+// INTERRUPT (over /dev/fuse, on both transports); the request it names is
+// still answered, on the entry it came on, and the mount goes on serving.
+TEST_F(FleetFsTest, an_interrupted_write_is_answered_and_the_mount_keeps_serving) {
+  int fd = ::open(Mounted("acme").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  struct sigaction action {};
+  action.sa_handler = [](int) {};
+  ASSERT_EQ(::sigaction(SIGUSR1, &action, nullptr), 0);  // no SA_RESTART
+  hold_writes_ = true;
+  std::atomic<ssize_t> wrote{-2};
+  std::thread writer([&] { wrote = ::pwrite(fd, "held", 4, 0); });
+  ASSERT_TRUE(WaitHeld());
+  ::pthread_kill(writer.native_handle(), SIGUSR1);
+  hold_writes_ = false;
+  writer.join();
+  EXPECT_EQ(wrote.load(), 4) << std::strerror(errno);
+  EXPECT_EQ(::pwrite(fd, "next", 4, 4), 4) << std::strerror(errno);
+  ::close(fd);
+  EXPECT_EQ(Contents(Backing("acme")), "heldnext");
+}
+
+// Someone else unmounts: the session ends on either transport, the agent is
+// told once, and Unmount afterwards is harmless.
+TEST_F(FleetFsTest, a_session_unmounted_by_someone_else_ends_and_is_reported_once) {
+  ASSERT_EQ(::umount2((root_ / "mnt").c_str(), MNT_DETACH), 0) << std::strerror(errno);
+  for (int i = 0; i < 3000 && session_ends_.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(session_ends_.load(), 1);
+  fs_->Unmount();
+  fs_.reset();
+  EXPECT_EQ(session_ends_.load(), 1);
+}
 
 class FleetFsHooksTest : public FleetFsTest {
  protected:

@@ -147,8 +147,9 @@ class Agent:
         want, got = TRANSPORT_NAMES[TRANSPORT], doc.get("transport")
         if got is not None and got != want:
             why = f" ({doc['transport_why']})" if doc.get("transport_why") else ""
+            # The teardown prints the agents' logs.
             raise AssertionError(f"agent {self.name}: asked for {TRANSPORT}, status says "
-                                 f"{got}{why}\n" + self.log_tail())
+                                 f"{got}{why}")
         return doc
 
     def states(self):

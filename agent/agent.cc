@@ -184,6 +184,9 @@ class Agent {
   std::shared_ptr<replica::CountingDestination> destination_;
   std::unique_ptr<vfs::FleetFs> fs_;
   std::atomic<vfs::FleetFs*> fs_for_readers_{nullptr};  // set once mounted; read by any thread
+  // fs_'s TransportName() and TransportWhy(), written once before
+  // fs_for_readers_ is set; read only by those that loaded it non-null.
+  std::string transport_name_, transport_why_;
   // The view the mount has now (set after it took it): a range is reported
   // serving only once its files can be looked up, never from the claim's
   // answer alone (a client that waits for "serving" and opens at once must
@@ -656,6 +659,7 @@ Status Agent::MountNow() {
   options.mode = config_.mode;
   options.allow_create = config_.allow_create;
   options.max_threads = config_.fuse_threads;
+  options.transport = config_.transport;
   options.clock = &mono_;
   options.status_json = [this] { return DumpJson(StatusJson(Snapshot())) + "\n"; };
   options.ranges_text = [this] { return RangesText(Snapshot()); };
@@ -692,9 +696,12 @@ Status Agent::MountNow() {
   auto fs = vfs::FleetFs::Mount(std::move(options), BuildView());
   if (!fs.ok()) return fs.status().WithContext("mounting " + config_.mountpoint);
   fs_ = std::move(*fs);
+  transport_name_ = fs_->TransportName();
+  transport_why_ = fs_->TransportWhy();
   fs_for_readers_ = fs_.get();
-  spdlog::info("mounted {} over {} ({} mode{})", config_.mountpoint, config_.backing,
-               ModeName(config_.mode), config_.allow_create ? "" : ", creating tenants refused");
+  spdlog::info("mounted {} over {} ({} mode, transport {}{})", config_.mountpoint,
+               config_.backing, ModeName(config_.mode), transport_name_,
+               config_.allow_create ? "" : ", creating tenants refused");
   return Status::Ok();
 }
 
@@ -868,7 +875,11 @@ AgentSnapshot Agent::Snapshot() const {
   for (std::size_t i = 0; i < s.outcomes.size(); ++i) s.outcomes[i] = outcomes_[i].load();
   s.refreshes = refreshes_.load();
   if (timed_store_) s.store_call_time = timed_store_->latencies();
-  if (fs) s.vfs = SnapshotOf(fs->stats(), fs->OpenHandles());
+  if (fs) {
+    s.vfs = SnapshotOf(fs->stats(), fs->OpenHandles());
+    s.transport = transport_name_;
+    s.transport_why = transport_why_;
+  }
   {
     std::lock_guard lock(backing_mu_);
     s.backing_volume = backing_report_;

@@ -703,6 +703,27 @@ value, the directories and the store file have passed)
   retention = "72h"               # any commit this recent can be restored
   capture_memory = "256MiB"       # commits not yet shipped, in memory (all tenants)
   capture_spill = "4GiB"          # beyond it, on the backing volume; "0B": none
+  transport = "auto"              # or "io_uring", "dev_fuse"; see TRANSPORT
+
+TRANSPORT (--transport)
+How FUSE requests travel between the kernel and the agent:
+  auto      io_uring when the kernel allows it, else /dev/fuse (the default).
+            One line of the log says which transport runs and, on /dev/fuse,
+            why io_uring was not used.
+  io_uring  FUSE over io_uring: requests and replies pass through shared
+            rings, with fewer system calls and context switches a request.
+            When the kernel refuses it, the agent does not start (exit 1,
+            saying why) rather than run on /dev/fuse.
+  dev_fuse  read and write /dev/fuse, as libfuse does, even where io_uring
+            would work.
+io_uring needs a kernel built with FUSE over io_uring (CONFIG_FUSE_IO_URING,
+Linux 6.14 and later) and the fuse module's parameter enable_uring on, which
+is off by default; as root:
+  echo Y > /sys/module/fuse/parameters/enable_uring
+(or fuse.enable_uring=1 on the kernel command line). Fencing, visibility and
+every error applications see are the same on both. The status document and
+/status name the transport in use ("transport": "io_uring" or "/dev/fuse")
+and, when auto fell back, why ("transport_why").
 
 REPLICATION (with --replica)
 Every commit of a served database ships to the replica: WAL frames once
@@ -1067,6 +1088,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       mount->add_option("--capture-spill", capture_spill,
                         "Beyond it, commits spilled to the backing volume ('0B': none)")
           ->default_str("4GiB");
+  std::string transport;
+  auto* o_transport =
+      mount->add_option("--transport", transport,
+                        "How FUSE requests reach the agent: 'auto', 'io_uring' or 'dev_fuse' "
+                        "(see TRANSPORT)")
+          ->default_str("auto");
   std::string replica_endpoint, replica_region, replica_path_style;
   auto* o_replica_endpoint = mount->add_option("--replica-endpoint", replica_endpoint,
                                                kReplicaEndpointHelp);
@@ -1218,6 +1245,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     set(o_replica_endpoint, replica_endpoint, mount_input.replica_endpoint);
     set(o_replica_region, replica_region, mount_input.replica_region);
     set(o_replica_path_style, replica_path_style, mount_input.replica_path_style);
+    set(o_transport, transport, mount_input.transport);
     auto config = ResolveConfig(mount_input);
     if (!config.ok()) return Fail(err, config.status());
     return RunAgent(*config, err);

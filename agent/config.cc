@@ -28,7 +28,7 @@ constexpr const char* kKeys[] = {"backing", "mount",   "mode",  "owner",
                                  "no_create", "shutdown_grace", "replica", "sync_interval",
                                  "snapshot_interval", "retention", "capture_memory",
                                  "capture_spill", "replica_endpoint", "replica_region",
-                                 "replica_path_style"};
+                                 "replica_path_style", "transport"};
 
 Status KeyError(std::string_view key, std::string_view what) {
   return InvalidArgument(std::string(key) + ": " + std::string(what));
@@ -183,6 +183,8 @@ Status ApplyValue(std::string_view key, const std::string& value, AgentConfig& c
   } else if (key == "capture_spill") {
     FLEETFS_ASSIGN_OR_RETURN(config.capture_spill,
                              BoundedSize(key, value, 0, 1ull << 50, "0B and 1024TiB"));
+  } else if (key == "transport") {
+    FLEETFS_ASSIGN_OR_RETURN(config.transport, ParseTransport(value));
   } else if (key == "retention") {
     FLEETFS_ASSIGN_OR_RETURN(config.retention,
                              BoundedDuration(key, value, Millis(60'000),
@@ -396,6 +398,25 @@ Result<Endpoint> ParseAdminEndpoint(std::string_view text) {
   return Endpoint{host, port};
 }
 
+Result<vfs::Transport> ParseTransport(std::string_view text) {
+  for (vfs::Transport t : {vfs::Transport::kAuto, vfs::Transport::kIoUring,
+                           vfs::Transport::kDevFuse}) {
+    if (text == TransportValue(t)) return t;
+  }
+  return KeyError("transport", "'" + lease::Printable(text) +
+                                   "' is not a transport; the values are auto (io_uring when the "
+                                   "kernel allows it, else /dev/fuse), io_uring and dev_fuse");
+}
+
+std::string_view TransportValue(vfs::Transport transport) {
+  switch (transport) {
+    case vfs::Transport::kAuto: return "auto";
+    case vfs::Transport::kIoUring: return "io_uring";
+    case vfs::Transport::kDevFuse: return "dev_fuse";
+  }
+  return "auto";
+}
+
 Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
   // Each key's value as given on the command line, then the file's beneath.
   const std::pair<std::string_view, const std::optional<std::string>*> flags[] = {
@@ -420,6 +441,7 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       {"replica_endpoint", &input.replica_endpoint},
       {"replica_region", &input.replica_region},
       {"replica_path_style", &input.replica_path_style},
+      {"transport", &input.transport},
   };
   std::map<std::string_view, std::string> values;
   bool file_no_create = false;
@@ -446,7 +468,8 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
                                "store_cert, store_key, ttl, "
                                "admin, no_create, shutdown_grace, replica, sync_interval, "
                                "snapshot_interval, retention, capture_memory, capture_spill, "
-                               "replica_endpoint, replica_region, replica_path_style");
+                               "replica_endpoint, replica_region, replica_path_style, "
+                               "transport");
       }
     }
     AgentConfig scratch;  // where the file's own values are checked
@@ -471,7 +494,7 @@ Result<AgentConfig> ResolveConfig(const ConfigInput& input) {
       {"ranges", "0-16383"},        {"store", kDefaultStore},     {"ttl", "30s"},
       {"admin", kDefaultAdmin},     {"shutdown_grace", "5s"},     {"replica", "off"},
       {"sync_interval", "1s"},      {"snapshot_interval", "1h"}, {"retention", "72h"},
-      {"capture_memory", "256MiB"}, {"capture_spill", "4GiB"},
+      {"capture_memory", "256MiB"}, {"capture_spill", "4GiB"},   {"transport", "auto"},
   };
   for (const auto& [key, fallback] : defaults) {
     if (values.count(key) == 0) values[key] = fallback;

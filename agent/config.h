@@ -16,6 +16,7 @@
 #include "lease/owner_id.h"
 #include "lease/slot_range.h"
 #include "lease/store_url.h"
+#include "vfs/fleet_fs.h"
 
 namespace fleetfs::agent {
 
@@ -38,6 +39,8 @@ struct AgentConfig {
   bool allow_create = true;
   Millis shutdown_grace{5000};  // how long open handles may finish at SIGTERM
   int fuse_threads = 10;
+  // How FUSE requests reach the agent; the `transport` key (ParseTransport).
+  vfs::Transport transport = vfs::Transport::kAuto;
   std::string replica;  // "" (off) or a destination URL (file:///DIR, s3://BUCKET/PREFIX)
   // Where an s3:// replica's requests go (replica_endpoint, replica_region,
   // replica_path_style); all unset for any other replica.
@@ -58,7 +61,7 @@ struct ConfigInput {
   std::optional<std::string> backing, mountpoint, mode, owner, ranges, store, store_ca,
       store_cert, store_key, ttl, admin,
       shutdown_grace, replica, sync_interval, snapshot_interval, retention, capture_memory,
-      capture_spill, replica_endpoint, replica_region;
+      capture_spill, replica_endpoint, replica_region, transport;
   // "true" or "false" as a flag gives it; the file's is a TOML boolean.
   std::optional<std::string> replica_path_style;
   std::optional<bool> no_create;
@@ -97,6 +100,12 @@ Result<std::optional<bool>> ParseReplicaPathStyle(std::string_view text);
 // replica or with replication off, they are refused, naming the first key
 // set, so that a typo in `replica` does not pass as a working S3 set-up.
 Status CheckS3SettingsApply(std::string_view replica, const replica::S3Settings& s3);
+
+// transport: "auto" (io_uring when the kernel allows it, else /dev/fuse),
+// "io_uring" (no mount without it) or "dev_fuse".
+Result<vfs::Transport> ParseTransport(std::string_view text);
+// The value ParseTransport takes for `transport`: "auto", "io_uring" or "dev_fuse".
+std::string_view TransportValue(vfs::Transport transport);
 
 // "127.0.0.1:7878", loopback only; "off" is handled by the caller.
 Result<Endpoint> ParseAdminEndpoint(std::string_view text);

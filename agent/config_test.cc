@@ -263,6 +263,7 @@ TEST_F(ConfigTest, the_example_configuration_in_packaging_is_valid) {
   EXPECT_EQ(config->shutdown_grace, Millis(5000));
   EXPECT_EQ(config->replica, "file:///var/lib/fleetfs/replica");
   EXPECT_EQ(config->sync_interval, Millis(1000));
+  EXPECT_EQ(config->transport, vfs::Transport::kAuto);
 }
 
 TEST_F(ConfigTest, replication_is_off_unless_a_replica_is_given_and_its_values_are_checked) {
@@ -472,6 +473,62 @@ TEST_F(ConfigTest, the_unknown_key_message_lists_the_s3_keys) {
   EXPECT_NE(error.find("unknown key 'replica_endpiont'"), std::string::npos);
   EXPECT_NE(error.find("replica_endpoint, replica_region, replica_path_style"), std::string::npos)
       << error;
+}
+
+// ── transport: how FUSE requests reach the agent ─────────────────────────
+
+TEST_F(ConfigTest, the_transport_is_auto_unless_the_file_or_a_flag_says_io_uring_or_dev_fuse) {
+  auto config = ResolveConfig(Input());
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->transport, vfs::Transport::kAuto);
+  ConfigInput in = Input();
+  in.config_file = WriteFile("transport = \"io_uring\"\n");
+  config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->transport, vfs::Transport::kIoUring);
+  in.transport = "dev_fuse";  // the flag wins
+  config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->transport, vfs::Transport::kDevFuse);
+  in.transport = "auto";
+  config = ResolveConfig(in);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->transport, vfs::Transport::kAuto);
+}
+
+TEST_F(ConfigTest, a_bad_transport_is_refused_naming_the_key_and_the_values_from_a_flag_or_the_file) {
+  const std::string values =
+      "the values are auto (io_uring when the kernel allows it, else /dev/fuse), io_uring and "
+      "dev_fuse";
+  for (const char* bad : {"uring", "IO_URING", "/dev/fuse", "dev-fuse", ""}) {
+    ConfigInput in = Input();
+    in.transport = bad;
+    EXPECT_EQ(Error(in), std::string("transport: '") + bad + "' is not a transport; " + values);
+  }
+  ConfigInput in = Input();
+  in.config_file = WriteFile("transport = \"fuse\"\n");
+  in.transport = "dev_fuse";  // a good flag does not hide the file's bad value
+  EXPECT_EQ(Error(in), "config file " + *in.config_file +
+                           ": transport: 'fuse' is not a transport; " + values);
+  in.config_file = WriteFile("transport = 1\n");
+  EXPECT_EQ(Error(in), "config file " + *in.config_file + ": transport: the value must be a string");
+}
+
+TEST_F(ConfigTest, the_unknown_key_message_lists_transport) {
+  ConfigInput in = Input();
+  in.config_file = WriteFile("transprot = \"auto\"\n");
+  const std::string error = Error(in);
+  EXPECT_NE(error.find("unknown key 'transprot'"), std::string::npos);
+  EXPECT_NE(error.find("replica_path_style, transport"), std::string::npos) << error;
+}
+
+TEST(Transport, each_value_reads_back_as_itself) {
+  for (vfs::Transport t :
+       {vfs::Transport::kAuto, vfs::Transport::kIoUring, vfs::Transport::kDevFuse}) {
+    auto parsed = ParseTransport(TransportValue(t));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    EXPECT_EQ(*parsed, t);
+  }
 }
 
 TEST_F(ConfigTest, s3_keys_from_flags_equal_the_same_keys_in_the_file) {

@@ -228,6 +228,9 @@ Json StatusJson(const AgentSnapshot& s) {
       {"open_files", s.vfs ? s.vfs->open_handles : 0},
       {"fenced_operations", s.vfs ? s.vfs->fenced : 0},
   };
+  // null until the mount is up: only then is the transport known.
+  doc["transport"] = s.transport.empty() ? Json(nullptr) : Json(s.transport);
+  if (!s.transport_why.empty()) doc["transport_why"] = s.transport_why;
   if (!s.store_tls.empty()) {
     doc["store_tls"] = {
         {"ca", s.store_tls.ca}, {"cert", s.store_tls.cert}, {"key", s.store_tls.key}};

@@ -66,6 +66,9 @@ struct AgentSnapshot {
   std::array<std::uint64_t, static_cast<std::size_t>(Outcome::kCount)> outcomes{};
   std::uint64_t refreshes = 0;
   std::optional<VfsSnapshot> vfs;  // nullopt before the mount
+  // FleetFs::TransportName() ("io_uring" or "/dev/fuse") and TransportWhy()
+  // (why auto did not run io_uring; else empty); both empty before the mount.
+  std::string transport, transport_why;
   std::string replica;             // destination URL; empty when replication is off
   // Where an s3:// replica's requests go (never credentials): for `fleetfs
   // inspect`, which reads the replica as the agent does.

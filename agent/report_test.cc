@@ -103,6 +103,26 @@ std::map<std::string, int> HeaderCounts(const std::string& text, std::string_vie
   return out;
 }
 
+// The mount tests check that an agent asked for io_uring runs on it: the
+// status names the transport in use, and why auto fell back, once mounted.
+TEST(Report, status_names_the_transport_once_mounted_and_why_auto_fell_back) {
+  auto s = Snapshot({});
+  nlohmann::json before = StatusJson(s);
+  ASSERT_TRUE(before.contains("transport"));
+  EXPECT_TRUE(before["transport"].is_null()) << "unknown before the mount";
+  EXPECT_FALSE(before.contains("transport_why"));
+  s.vfs = VfsSnapshot{};
+  s.transport = "io_uring";
+  nlohmann::json uring = StatusJson(s);
+  EXPECT_EQ(uring["transport"], "io_uring");
+  EXPECT_FALSE(uring.contains("transport_why"));
+  s.transport = "/dev/fuse";
+  s.transport_why = "the fuse module's enable_uring is off";
+  nlohmann::json fell_back = StatusJson(s);
+  EXPECT_EQ(fell_back["transport"], "/dev/fuse");
+  EXPECT_EQ(fell_back["transport_why"], "the fuse module's enable_uring is off");
+}
+
 // `fleetfs handoff` watches an etcds:// store with the agent's own CA and
 // client certificate: the status names the files, never their contents.
 TEST(Report, status_names_the_store_tls_files_only_when_set) {

@@ -51,7 +51,8 @@ void SetFlag(ConfigInput& in, std::string_view key, std::string_view value) {
       {"retention", &in.retention},
       {"replica_endpoint", &in.replica_endpoint},
       {"replica_region", &in.replica_region},
-      {"replica_path_style", &in.replica_path_style}};
+      {"replica_path_style", &in.replica_path_style},
+      {"transport", &in.transport}};
   for (auto& [name, slot] : keys) {
     if (key == name) *slot = std::string(value);
   }
@@ -84,6 +85,9 @@ void CheckAccepted(const AgentConfig& c) {
                "an accepted replica endpoint that does not parse back as itself");
   }
   FUZZ_CHECK(CheckReplicaRegion(c.replica_s3.region).ok(), "an accepted region that is not one");
+  auto transport = ParseTransport(TransportValue(c.transport));
+  FUZZ_CHECK(transport.ok() && *transport == c.transport,
+             "an accepted transport that does not read back as itself");
 
   // What /status, /metrics and status.json show of it.
   AgentSnapshot s;

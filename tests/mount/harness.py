@@ -19,6 +19,33 @@ import urllib.request
 
 BINARY = os.environ.get("FLEETFS_BINARY", "")
 
+# The transport every agent is started with (--transport), and what its
+# status must then name; unset: no flag, the agent's own default (auto).
+TRANSPORT = os.environ.get("FLEETFS_TRANSPORT") or None
+TRANSPORT_NAMES = {"io_uring": "io_uring", "dev_fuse": "/dev/fuse"}
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
+
+
+def enable_fuse_uring():
+    """Turns the fuse module's enable_uring on, for FLEETFS_TRANSPORT=io_uring.
+
+    The kernel refuses FUSE over io_uring while the parameter is off (its
+    default), and an agent asked for io_uring then refuses to start: the
+    io_uring runs would test nothing. The mount tests run as root (they mount
+    and unmount), so they can set it; it is a host-wide switch, which only
+    allows io_uring and leaves /dev/fuse mounts as they are.
+    """
+    try:
+        with open(ENABLE_URING) as f:
+            if f.read().strip() == "Y":
+                return
+        with open(ENABLE_URING, "w") as f:
+            f.write("Y")
+    except OSError as e:
+        raise AssertionError(
+            f"FLEETFS_TRANSPORT=io_uring, but {ENABLE_URING} cannot be set to Y ({e}): the "
+            "kernel needs FUSE over io_uring (CONFIG_FUSE_IO_URING) and the tests need root")
+
 
 def free_port():
     with socket.socket() as s:
@@ -79,9 +106,10 @@ class Agent:
 
     def argv(self):
         ttl = ["--ttl", self.ttl] if self.ttl else []  # None: from the config file
+        transport = ["--transport", TRANSPORT] if TRANSPORT else []
         return [BINARY, "mount", "--backing", self.backing, "--mount", self.mount,
                 "--store", self.store, "--owner", self.owner, "--ranges", self.ranges,
-                *ttl, "--admin", f"127.0.0.1:{self.admin_port}", *self.extra]
+                *ttl, "--admin", f"127.0.0.1:{self.admin_port}", *transport, *self.extra]
 
     def start(self):
         log = open(self.log_path, "ab")
@@ -105,7 +133,24 @@ class Agent:
 
     def status(self):
         with open(os.path.join(self.mount, ".fleetfs", "status.json")) as f:
-            return json.load(f)
+            return self.check_transport(json.load(f))
+
+    def check_transport(self, doc):
+        """doc, once its transport is the one FLEETFS_TRANSPORT asked for.
+
+        A run asked for io_uring that went on over /dev/fuse would pass while
+        testing the other transport. A document that names no transport yet
+        (the mount is being made) passes.
+        """
+        if not TRANSPORT or not isinstance(doc, dict):
+            return doc
+        want, got = TRANSPORT_NAMES[TRANSPORT], doc.get("transport")
+        if got is not None and got != want:
+            why = f" ({doc['transport_why']})" if doc.get("transport_why") else ""
+            # The teardown prints the agents' logs.
+            raise AssertionError(f"agent {self.name}: asked for {TRANSPORT}, status says "
+                                 f"{got}{why}")
+        return doc
 
     def states(self):
         return [r["state"] for r in self.status()["ranges"]]
@@ -115,7 +160,13 @@ class Agent:
             if not self.running():
                 raise AssertionError(f"agent {self.name} exited ({self.proc.returncode})\n"
                                      + self.log_tail())
-            return self.states() and all(s == state for s in self.states())
+            doc = self.status()
+            states = [r["state"] for r in doc["ranges"]]
+            if not (states and all(s == state for s in states)):
+                return False
+            # The transport is named from the moment the mount is up: a
+            # status read while it is being made may not have it yet.
+            return not TRANSPORT or doc.get("transport") is not None
         return wait_for(ok, timeout, f"{self.name}: every range {state}", poll=poll,
                         on_fail=self.log_tail)
 
@@ -124,7 +175,10 @@ class Agent:
         try:
             with urllib.request.urlopen(urllib.request.Request(url, method=method),
                                         timeout=5) as r:
-                return r.status, r.read().decode()
+                body = r.read().decode()
+                if path == "/status":
+                    self.check_transport(json.loads(body))
+                return r.status, body
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
@@ -155,6 +209,10 @@ class MountTest(unittest.TestCase):
     def setUp(self):
         if not BINARY or not os.access(BINARY, os.X_OK):
             self.fail("FLEETFS_BINARY must name the built fleetfs binary")
+        if TRANSPORT not in (None, *TRANSPORT_NAMES):
+            self.fail(f"FLEETFS_TRANSPORT={TRANSPORT}: must be io_uring or dev_fuse (or unset)")
+        if TRANSPORT == "io_uring":
+            enable_fuse_uring()
         self.root = tempfile.mkdtemp(prefix="fleetfs-it-", dir="/tmp")
         os.chmod(self.root, 0o755)
         self.agents = []

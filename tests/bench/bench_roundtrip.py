@@ -24,6 +24,10 @@ counted, not assumed):
   write1xC  write1 by --clients processes at once, each on its own file, per
             operation of all of them (wall time / operations); only with
             --clients 2 or more
+  wsync     os.pwrite of 1 byte + os.fdatasync       WRITE, FSYNC (a twentieth
+            of --ops: the disk's flush dominates; what differs is whether
+            the daemon lets two syncs overlap, see wsyncxC)
+  wsyncxC   wsync by --clients processes at once, each on its own file
 
 Usage (as root):
   python3 tests/bench/bench_roundtrip.py --passthrough build/tests/min_passthrough
@@ -147,7 +151,7 @@ class Side:
                 subprocess.run(["umount", "-l", self.dir])
 
 
-def concurrent_writes(side, clients, count):
+def concurrent_writes(side, clients, count, sync):
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     pids = []
@@ -160,6 +164,8 @@ def concurrent_writes(side, clients, count):
                 os.read(go_r, 1)
                 for _ in range(count):
                     os.pwrite(fd, b"x", 0)
+                    if sync:
+                        os.fdatasync(fd)
             finally:
                 os._exit(0)
         pids.append(pid)
@@ -180,7 +186,9 @@ def run_op(side, op, count, clients):
     """Seconds per operation."""
     fw, fr, fa = side.fw, side.fr, side.fadvise
     if op == "write1xC":
-        return concurrent_writes(side, clients, count // clients)
+        return concurrent_writes(side, clients, count // clients, False)
+    if op == "wsyncxC":
+        return concurrent_writes(side, clients, count // clients, True)
     started = time.perf_counter()
     if op == "write1":
         for _ in range(count):
@@ -195,6 +203,10 @@ def run_op(side, op, count, clients):
         for _ in range(count):
             os.posix_fadvise(fa, 0, 4096, os.POSIX_FADV_DONTNEED)
             os.pread(fr, 4096, 0)
+    elif op == "wsync":
+        for _ in range(count):
+            os.pwrite(fw, b"x", 0)
+            os.fdatasync(fw)
     elif op == "openclose":
         path = os.path.join(side.dir, "o")
         for _ in range(count):
@@ -226,6 +238,9 @@ def main():
     ops = ["write1", "write4k", "statx", "read4k", "openclose"]
     if args.clients > 1:
         ops.append("write1xC")
+    ops.append("wsync")
+    if args.clients > 1:
+        ops.append("wsyncxC")
     if args.only_ops:
         ops = [o for o in ops if o in args.only_ops.split(",")]
 
@@ -235,10 +250,14 @@ def main():
         sides.append(Side(root, "direct", None, args.passthrough))
         for name, vargs in variants:
             sides.append(Side(root, name, vargs, args.passthrough))
+        def batch(op):
+            return args.ops // 20 if op.startswith("wsync") else args.ops
+
         # Warm-up: first requests start threads and fill caches.
         for s in sides:
             for op in ops:
-                run_op(s, op, 200, args.clients)
+                run_op(s, op, max(batch(op) // 10, 2 * args.clients), args.clients)
+
         secs = {(s.name, op): [] for s in sides for op in ops}
         reqs = {(s.name, op): [] for s in sides for op in ops}
         for r in range(args.rounds):
@@ -247,7 +266,7 @@ def main():
                 order = sides[r % len(sides):] + sides[:r % len(sides)]
                 for s in order:
                     before = s.counts()
-                    secs[(s.name, op)].append(run_op(s, op, args.ops, args.clients))
+                    secs[(s.name, op)].append(run_op(s, op, batch(op), args.clients))
                     after = s.counts()
                     if s.proc is not None:
                         n = sum(after.values()) - sum(before.values())
@@ -255,7 +274,8 @@ def main():
                             (n, {k: after[k] - before.get(k, 0) for k in after
                                  if after[k] != before.get(k, 0)}))
 
-        print(f"FUSE round trip: {args.rounds} interleaved rounds of {args.ops} operations, "
+        print(f"FUSE round trip: {args.rounds} interleaved rounds of {args.ops} operations "
+              f"({batch('wsync')} of wsync), "
               f"medians; {os.cpu_count()} CPUs; kernel {os.uname().release}; "
               f"{args.clients} clients in write1xC")
         for s in sides[1:]:
@@ -271,7 +291,7 @@ def main():
             for s in sides[1:]:
                 rounds = secs[(s.name, op)]
                 us = statistics.median(rounds) * 1e6
-                per_op = statistics.median(n for n, _ in reqs[(s.name, op)]) / args.ops
+                per_op = statistics.median(n for n, _ in reqs[(s.name, op)]) / batch(op)
                 per_op = max(per_op, 1e-9)
                 delta = us - direct[op]
                 # Round by round against the direct batch of the same round.
@@ -282,7 +302,7 @@ def main():
         for op in ops:
             for s in sides[1:]:
                 split = reqs[(s.name, op)][-1][1]
-                parts = ", ".join(f"{k} {v / args.ops:.3f}" for k, v in
+                parts = ", ".join(f"{k} {v / batch(op):.3f}" for k, v in
                                   sorted(split.items(), key=lambda kv: -kv[1]))
                 print(f"  {op:10} {s.name:12} {parts}")
     finally:

@@ -7,11 +7,18 @@ ratios (higher is better) and the FUSE requests each transaction costs.
 Not a test: it asserts nothing about speed. Usage (as root):
   python3 tests/bench/bench_mount.py --binary build/agent/fleetfs \
       --passthrough build/tests/min_passthrough [--rounds 5]
+
+Transport switches (issue 14): --passthrough-args gives the minpt side
+min_passthrough's options; each --passthrough-variant NAME:ARGS adds one more
+min_passthrough side with ARGS, run interleaved with the others; without
+--binary fleetfs is not run; --only picks workloads (wal-full, wal-normal,
+delete-full, delete-normal, reads).
 """
 import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -104,34 +111,57 @@ def full_scan(path, cold):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--binary", required=True)
+    ap.add_argument("--binary", help="the fleetfs binary (without it, fleetfs is not run)")
     ap.add_argument("--passthrough", required=True, help="the min_passthrough binary")
+    ap.add_argument("--passthrough-args", default="",
+                    help="min_passthrough options for the minpt side, e.g. \"--clone-fd\"")
+    ap.add_argument("--passthrough-variant", action="append", default=[], metavar="NAME:ARGS",
+                    help="one more min_passthrough side with ARGS (repeatable)")
+    ap.add_argument("--only", help="comma-separated workloads: wal-full, wal-normal, "
+                    "delete-full, delete-normal, reads (default: all)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--megabytes", type=int, default=100)
     ap.add_argument("--dir", default="/var/tmp", help="where to make the work directory "
                     "(the same disk for both sides)")
     args = ap.parse_args()
 
+    only = set(args.only.split(",")) if args.only else None
     root = tempfile.mkdtemp(prefix="fleetfs-bench-", dir=args.dir)
     direct = os.path.join(root, "direct")
     backing = os.path.join(root, "backing")
     mount = os.path.join(root, "mnt")
-    pt_backing = os.path.join(root, "pt-backing")
-    pt_mount = os.path.join(root, "pt-mnt")
-    for d in (direct, backing, mount, pt_backing, pt_mount):
-        os.makedirs(d)
-    for b in range(256):
-        os.makedirs(os.path.join(pt_backing, f"{b:03d}"))
-    passthrough = subprocess.Popen([args.passthrough, pt_backing, pt_mount])
-    port = free_port()
-    log = open(os.path.join(root, "agent.log"), "wb")
-    agent = subprocess.Popen([args.binary, "mount", "--backing", backing, "--mount", mount,
-                              "--store", f"sqlite://{root}/control.db", "--owner", "bench",
-                              "--ttl", "30s", "--admin", f"127.0.0.1:{port}"],
-                             stdout=log, stderr=subprocess.STDOUT)
+    os.makedirs(direct)
+    # The min_passthrough sides: minpt (with --passthrough-args), then the variants.
+    pt_sides = [("minpt", args.passthrough_args)]
+    for v in args.passthrough_variant:
+        name, _, vargs = v.partition(":")
+        pt_sides.append((name, vargs))
+    pt_mounts, passthroughs = [], []
+    for i, (_, pt_args) in enumerate(pt_sides):
+        suffix = "" if i == 0 else f"-{i}"
+        pt_backing = os.path.join(root, "pt-backing" + suffix)
+        pt_mount = os.path.join(root, "pt-mnt" + suffix)
+        os.makedirs(pt_backing)
+        os.makedirs(pt_mount)
+        for b in range(256):
+            os.makedirs(os.path.join(pt_backing, f"{b:03d}"))
+        passthroughs.append(subprocess.Popen([args.passthrough, *shlex.split(pt_args),
+                                              pt_backing, pt_mount]))
+        pt_mounts.append(pt_mount)
+    agent = None
+    if args.binary:
+        os.makedirs(backing)
+        os.makedirs(mount)
+        port = free_port()
+        log = open(os.path.join(root, "agent.log"), "wb")
+        agent = subprocess.Popen([args.binary, "mount", "--backing", backing, "--mount", mount,
+                                  "--store", f"sqlite://{root}/control.db", "--owner", "bench",
+                                  "--ttl", "30s", "--admin", f"127.0.0.1:{port}"],
+                                 stdout=log, stderr=subprocess.STDOUT)
+    names = ["direct"] + [n for n, _ in pt_sides] + (["fleetfs"] if agent else [])
     try:
         deadline = time.monotonic() + 20
-        while True:
+        while agent:
             try:
                 with open(os.path.join(mount, ".fleetfs", "status.json")) as f:
                     if json.load(f)["ranges"][0]["state"] == "serving":
@@ -143,14 +173,19 @@ def main():
             time.sleep(0.05)
         def paths(name):
             # One tenant per workload and round, at its own bucket path.
-            r = json.loads(subprocess.run([args.binary, "slot", "--json", name],
-                                          capture_output=True, text=True,
-                                          check=True).stdout)[0]["tenant_path"]
+            if agent:
+                r = json.loads(subprocess.run([args.binary, "slot", "--json", name],
+                                              capture_output=True, text=True,
+                                              check=True).stdout)[0]["tenant_path"]
+            else:
+                r = f"{sum(name.encode()) % 256:03d}/{name}.db"
             os.makedirs(os.path.join(direct, r.split("/")[0]), exist_ok=True)
-            return [os.path.join(direct, r), os.path.join(pt_mount, r), os.path.join(mount, r)]
+            return ([os.path.join(direct, r)] + [os.path.join(m, r) for m in pt_mounts] +
+                    ([os.path.join(mount, r)] if agent else []))
 
-        while not os.path.ismount(pt_mount):
-            time.sleep(0.05)
+        for pt_mount in pt_mounts:
+            while not os.path.ismount(pt_mount):
+                time.sleep(0.05)
         results = []
         workloads = [
             ("WAL, synchronous=FULL, 1-row insert txn/s", "wal", "FULL", 1500),
@@ -159,62 +194,76 @@ def main():
             ("rollback journal, synchronous=NORMAL, 1-row insert txn/s", "delete", "NORMAL", 1500),
         ]
         for title, mode, sync, count in workloads:
-            rates, requests = [[], [], []], {}
+            if only and f"{mode}-{sync.lower()}" not in only:
+                continue
+            rates, requests = [[] for _ in names], {}
             for r in range(args.rounds):
                 where = paths(f"w-{mode}-{sync.lower()}-{r}")
-                rates[0].append(inserts(where[0], mode, sync, count))
-                rates[1].append(inserts(where[1], mode, sync, count))
-                before = metrics(port)
-                rates[2].append(inserts(where[2], mode, sync, count))
-                after = metrics(port)
-                for op in after:
-                    requests.setdefault(op, []).append((after[op] - before.get(op, 0)) / count)
+                for side in range(len(names)):
+                    if names[side] != "fleetfs":
+                        rates[side].append(inserts(where[side], mode, sync, count))
+                        continue
+                    before = metrics(port)
+                    rates[side].append(inserts(where[side], mode, sync, count))
+                    after = metrics(port)
+                    for op in after:
+                        requests.setdefault(op, []).append((after[op] - before.get(op, 0)) / count)
             per_txn = {op: statistics.median(v) for op, v in requests.items()
                        if statistics.median(v) >= 0.05}
             results.append((title, [statistics.median(x) for x in rates], per_txn))
 
         # Reads on a 100 MB database whose pages are not in SQLite's cache.
-        big = paths("big")
-        rows = build_big(big[0], args.megabytes)
-        build_big(big[1], args.megabytes)
-        build_big(big[2], args.megabytes)
-        for title, fn in [
+        big = paths("big") if not only or "reads" in only else []
+        rows = build_big(big[0], args.megabytes) if big else 0
+        for path in big[1:]:
+            build_big(path, args.megabytes)
+        for title, fn in [] if not big else [
             ("point selects/s, page cache warm", lambda p: point_selects(p, rows, 20000, False)),
             ("point selects/s, page cache dropped", lambda p: point_selects(p, rows, 3000, True)),
             ("full scan MB/s, page cache warm", lambda p: full_scan(p, False)),
             ("full scan MB/s, page cache dropped", lambda p: full_scan(p, True)),
         ]:
-            rates = [[], [], []]
+            rates = [[] for _ in names]
             for _ in range(args.rounds):
-                for side in range(3):
+                for side in range(len(names)):
                     rates[side].append(fn(big[side]))
             results.append((title, [statistics.median(x) for x in rates], {}))
 
         print(f"fleetfs mount benchmark: {args.rounds} interleaved rounds, medians; "
               f"{os.cpu_count()} CPUs; kernel {os.uname().release}; SQLite {sqlite3.sqlite_version}")
-        print(f"{'workload':56} {'direct':>8} {'minpt':>8} {'fleetfs':>8}  "
-              f"{'minpt/d':>7} {'fleetfs/d':>9} {'fleetfs/minpt':>13}")
-        for title, (d, p, m), per_txn in results:
-            print(f"{title:56} {d:8.0f} {p:8.0f} {m:8.0f}  {p / d:7.2f} {m / d:9.2f} {m / p:13.2f}")
-        print("\nFUSE requests per transaction through fleetfs (median):")
+        for name, pt_args in pt_sides:
+            print(f"  {name}: min_passthrough {pt_args or '(no options)'}")
+        print(f"{'workload':56} " + " ".join(f"{n:>8}" for n in names) + "  " +
+              " ".join(f"{n + '/d':>{max(7, len(n) + 2)}}" for n in names[1:]) +
+              (f" {'fleetfs/minpt':>13}" if agent else ""))
+        for title, medians, per_txn in results:
+            d = medians[0]
+            print(f"{title:56} " + " ".join(f"{x:8.0f}" for x in medians) + "  " +
+                  " ".join(f"{x / d:{max(7, len(n) + 2)}.2f}"
+                           for n, x in zip(names[1:], medians[1:])) +
+                  (f" {medians[-1] / medians[1]:13.2f}" if agent else ""))
+        if agent:
+            print("\nFUSE requests per transaction through fleetfs (median):")
         for title, _, per_txn in results:
             if per_txn:
                 ops = ", ".join(f"{op} {n:.1f}" for op, n in sorted(per_txn.items(),
                                                                    key=lambda kv: -kv[1]))
                 print(f"  {title}: {sum(per_txn.values()):.1f} = {ops}")
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            subprocess.run(["umount", "-l", mount])
-        subprocess.run(["umount", pt_mount])
-        try:
-            passthrough.wait(10)
-        except subprocess.TimeoutExpired:
-            passthrough.kill()
-            subprocess.run(["umount", "-l", pt_mount])
+        if agent:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                subprocess.run(["umount", "-l", mount])
+        for pt_mount, passthrough in zip(pt_mounts, passthroughs):
+            subprocess.run(["umount", pt_mount])
+            try:
+                passthrough.wait(10)
+            except subprocess.TimeoutExpired:
+                passthrough.kill()
+                subprocess.run(["umount", "-l", pt_mount])
         shutil.rmtree(root, ignore_errors=True)
 
 

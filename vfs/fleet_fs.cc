@@ -501,6 +501,7 @@ Status FleetFs::Impl::Start(std::shared_ptr<const ServingView> initial) {
                   "else?", options_.mountpoint);
     if (options_.on_session_end) options_.on_session_end();
   };
+  transport.serving_before_start_returns = options_.serving_before_mount_returns;
   transport_ = std::make_unique<SessionTransport>(std::move(transport));
   fence_.Start();
   std::string error;

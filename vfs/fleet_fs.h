@@ -80,6 +80,9 @@ struct MountOptions {
   // or unlink reaches the backing file: after its last admission check, with
   // the operation's views held. Tests use it to keep a call in flight.
   std::function<void()> before_backing_write;
+  // Tests: called while Mount sets the transport up, once requests may
+  // already be served (TransportOptions::serving_before_start_returns).
+  std::function<void()> serving_before_mount_returns;
   // Replication (may be null): told of every change to a main file, -wal or
   // -journal before it reaches the disk, and asked to prepare each main file
   // before its first exposure under an epoch. Must outlive the mount.

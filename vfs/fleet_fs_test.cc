@@ -95,6 +95,20 @@ class FleetFsTest : public ::testing::Test {
     options.hooks = Hooks();
     options.max_threads = MaxThreads();
     options.on_session_end = [this] { session_ends_++; };
+    options.serving_before_mount_returns = [this] {
+      // A request answered while Mount is still setting io_uring up must
+      // reach its ring entry, not /dev/fuse (where it would be lost). The
+      // stat's thread owns what it touches: it may outlive a failed wait.
+      window_ = true;
+      auto done = std::make_shared<std::promise<int>>();
+      std::thread([done, path = (root_ / "mnt").string()] {
+        struct stat st;
+        done->set_value(::stat(path.c_str(), &st));
+      }).detach();
+      auto answer = done->get_future();
+      window_answered_ = answer.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+      window_stat_ = window_answered_ ? answer.get() : -2;
+    };
     options.transport = TransportUnderTest();
     auto fs = FleetFs::Mount(options, ServeAll(1, 1, seconds(10)));
     ASSERT_TRUE(fs.ok()) << fs.status().message();
@@ -147,6 +161,9 @@ class FleetFsTest : public ::testing::Test {
   std::atomic<bool> hold_writes_{false};  // the next write waits inside the mount
   std::atomic<bool> held_{false};         // a write is waiting there
   std::atomic<int> session_ends_{0};
+  bool window_ = false;             // Mount served while still starting (io_uring only)
+  bool window_answered_ = false;    // a request made then was answered
+  int window_stat_ = -2;
   std::filesystem::path root_;
   std::unique_ptr<FleetFs> fs_;
 };
@@ -524,6 +541,20 @@ class FakeHooks final : public TenantHooks {
   std::vector<std::pair<std::string, std::uint64_t>> prepared_at_;
   std::vector<std::string> deleted_;
 };
+
+// On io_uring, Mount registers the rings and the kernel may send requests
+// at once; an answer sent before Mount has finished must still be committed
+// on its entry (it went to /dev/fuse and was lost: the mount tests' first
+// stat hung). On /dev/fuse no request is served before the loop runs.
+TEST_F(FleetFsTest, a_request_answered_while_the_mount_starts_is_not_lost) {
+  if (fs_->TransportName() == "io_uring") {
+    EXPECT_TRUE(window_);
+    EXPECT_TRUE(window_answered_) << "the stat made while the mount started was never answered";
+    EXPECT_EQ(window_stat_, 0);
+  } else {
+    EXPECT_FALSE(window_) << "/dev/fuse never announces io_uring";
+  }
+}
 
 // Forgets come over /dev/fuse on both transports (on io_uring the kernel
 // sends only requests that want an answer through the ring): the inode

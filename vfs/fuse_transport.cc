@@ -224,7 +224,7 @@ ssize_t SessionTransport::Read(int fd, void* buf, std::size_t len) {
 }
 
 ssize_t SessionTransport::Writev(int fd, struct iovec* iov, int count) {
-  if (uring_.load(std::memory_order_acquire) && count >= 1 &&
+  if (rings_go_.load(std::memory_order_acquire) && count >= 1 &&
       iov[0].iov_len == sizeof(fuse_out_header)) {
     fuse_out_header out;
     std::memcpy(&out, iov[0].iov_base, sizeof(out));
@@ -336,12 +336,20 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
         r->payload_size = payload;
         for (int i = 0; i < options_.entries_per_thread; ++i) NewEntry(r.get());
       }
+      // Answers are matched to entries from now on: a ring may take its
+      // first request as soon as every queue has registered, before this
+      // thread hears back (an answer sent to /dev/fuse instead is lost, and
+      // its request waits forever: seen in the mount tests).
+      rings_go_.store(true, std::memory_order_release);
       for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kGo);
       std::string failed;
       for (auto& r : rings_) {
         std::unique_lock lock(r->mu);
         r->cv.wait(lock, [&] { return r->phase == Ring::Phase::kRegistered || r->phase == Ring::Phase::kFailed; });
         if (r->phase == Ring::Phase::kFailed && failed.empty()) failed = r->error;
+      }
+      if (failed.empty() && options_.serving_before_start_returns) {
+        options_.serving_before_start_returns();
       }
       if (failed.empty()) {
         uring_.store(true, std::memory_order_release);
@@ -390,9 +398,13 @@ bool SessionTransport::StartUring(std::string* error) {
         }
         const unsigned depth = static_cast<unsigned>(options_.entries_per_thread) + 2;
         io_uring_params params{};
-        params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN;
+        // Not IORING_SETUP_COOP_TASKRUN: the kernel completes an entry by
+        // task work on this thread, and with that hint it only flags the
+        // task (TWA_SIGNAL_NO_IPI) without waking it from io_uring_enter:
+        // requests sat unanswered until a signal came (seen in mount tests).
+        params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER;
         int rc = io_uring_queue_init_params(depth, &rp->ring, &params);
-        if (rc == -EINVAL) {  // a kernel without the two hints
+        if (rc == -EINVAL) {  // a kernel without SINGLE_ISSUER
           params = io_uring_params{};
           params.flags = IORING_SETUP_SQE128;
           rc = io_uring_queue_init_params(depth, &rp->ring, &params);

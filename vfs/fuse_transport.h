@@ -79,6 +79,9 @@ struct TransportOptions {
   std::function<void()> wake;
   // Called once, from a transport thread, when the session ends without Stop.
   std::function<void()> on_session_end;
+  // Tests: called in Start when io_uring was announced and every ring has
+  // registered (requests may be served), before Start has settled the rest.
+  std::function<void()> serving_before_start_returns;
 };
 
 // The op header's size of each opcode as the kernel puts it in an io_uring
@@ -132,7 +135,8 @@ class SessionTransport {
   TransportOptions options_;
   fuse_session* se_ = nullptr;
   InitReplyPatch init_;
-  std::atomic<bool> uring_{false};
+  std::atomic<bool> uring_{false};     // every queue registered: io_uring serves
+  std::atomic<bool> rings_go_{false};  // entries may hold requests: answers are matched
   std::string why_;
   std::vector<std::unique_ptr<Ring>> rings_;
   std::mutex owed_mu_;  // guards owed_; taken alone

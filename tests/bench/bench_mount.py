@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """fleetfs mount benchmark: the same SQLite workloads direct on the backing
 disk, through a minimal write-through passthrough (the floor any FUSE file
-system pays), and through fleetfs, in one run, interleaved; prints rates,
+system pays) on /dev/fuse and on io_uring, and through fleetfs on each
+transport (/dev/fuse, io_uring), in one run, interleaved; prints rates,
 ratios (higher is better) and the FUSE requests each transaction costs.
 
 Not a test: it asserts nothing about speed. Usage (as root):
@@ -117,6 +118,10 @@ def main():
                     help="min_passthrough options for the minpt side, e.g. \"--clone-fd\"")
     ap.add_argument("--passthrough-variant", action="append", default=[], metavar="NAME:ARGS",
                     help="one more min_passthrough side with ARGS (repeatable)")
+    ap.add_argument("--transports", default="dev_fuse,io_uring",
+                    help="fleetfs sides, one agent per transport (default: dev_fuse,io_uring)")
+    ap.add_argument("--no-uring-passthrough", action="store_true",
+                    help="leave out the minpt-uring side (min_passthrough --transport io_uring)")
     ap.add_argument("--only", help="comma-separated workloads: wal-full, wal-normal, "
                     "delete-full, delete-normal, reads (default: all)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -129,10 +134,15 @@ def main():
     root = tempfile.mkdtemp(prefix="fleetfs-bench-", dir=args.dir)
     direct = os.path.join(root, "direct")
     backing = os.path.join(root, "backing")
-    mount = os.path.join(root, "mnt")
     os.makedirs(direct)
     # The min_passthrough sides: minpt (with --passthrough-args), then the variants.
     pt_sides = [("minpt", args.passthrough_args)]
+    if not args.no_uring_passthrough:
+        pt_sides.append(("minpt-uring", "--transport io_uring"))
+    if not args.no_uring_passthrough or "io_uring" in args.transports:
+        # FUSE over io_uring is off in the kernel until root turns it on.
+        with open("/sys/module/fuse/parameters/enable_uring", "w") as f:
+            f.write("Y\n")
     for v in args.passthrough_variant:
         name, _, vargs = v.partition(":")
         pt_sides.append((name, vargs))
@@ -148,32 +158,40 @@ def main():
         passthroughs.append(subprocess.Popen([args.passthrough, *shlex.split(pt_args),
                                               pt_backing, pt_mount]))
         pt_mounts.append(pt_mount)
-    agent = None
+    # The fleetfs sides: one agent per transport asked for.
+    agents = []  # (name, process, port, mount)
     if args.binary:
-        os.makedirs(backing)
-        os.makedirs(mount)
-        port = free_port()
-        log = open(os.path.join(root, "agent.log"), "wb")
-        agent = subprocess.Popen([args.binary, "mount", "--backing", backing, "--mount", mount,
-                                  "--store", f"sqlite://{root}/control.db", "--owner", "bench",
-                                  "--ttl", "30s", "--admin", f"127.0.0.1:{port}"],
-                                 stdout=log, stderr=subprocess.STDOUT)
-    names = ["direct"] + [n for n, _ in pt_sides] + (["fleetfs"] if agent else [])
+        for transport in [t for t in args.transports.split(",") if t]:
+            name = "fleetfs" if transport == "dev_fuse" else f"fleetfs-{transport.replace('_', '')}"
+            a_backing = os.path.join(root, f"backing-{transport}")
+            a_mount = os.path.join(root, f"mnt-{transport}")
+            os.makedirs(a_backing)
+            os.makedirs(a_mount)
+            port = free_port()
+            log = open(os.path.join(root, f"agent-{transport}.log"), "wb")
+            proc = subprocess.Popen([args.binary, "mount", "--backing", a_backing, "--mount",
+                                     a_mount, "--store", f"sqlite://{root}/control-{transport}.db",
+                                     "--owner", "bench", "--ttl", "30s", "--admin",
+                                     f"127.0.0.1:{port}", "--transport", transport],
+                                    stdout=log, stderr=subprocess.STDOUT)
+            agents.append((name, proc, port, a_mount, log.name))
+    names = ["direct"] + [n for n, _ in pt_sides] + [a[0] for a in agents]
     try:
-        deadline = time.monotonic() + 20
-        while agent:
-            try:
-                with open(os.path.join(mount, ".fleetfs", "status.json")) as f:
-                    if json.load(f)["ranges"][0]["state"] == "serving":
-                        break
-            except (OSError, ValueError, KeyError):
-                pass
-            if time.monotonic() > deadline:
-                sys.exit("the agent did not start serving; see " + log.name)
-            time.sleep(0.05)
+        for name, proc, port, a_mount, log_name in agents:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    with open(os.path.join(a_mount, ".fleetfs", "status.json")) as f:
+                        if json.load(f)["ranges"][0]["state"] == "serving":
+                            break
+                except (OSError, ValueError, KeyError):
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    sys.exit(f"{name} did not start serving; see " + log_name)
+                time.sleep(0.05)
         def paths(name):
             # One tenant per workload and round, at its own bucket path.
-            if agent:
+            if agents:
                 r = json.loads(subprocess.run([args.binary, "slot", "--json", name],
                                               capture_output=True, text=True,
                                               check=True).stdout)[0]["tenant_path"]
@@ -181,7 +199,7 @@ def main():
                 r = f"{sum(name.encode()) % 256:03d}/{name}.db"
             os.makedirs(os.path.join(direct, r.split("/")[0]), exist_ok=True)
             return ([os.path.join(direct, r)] + [os.path.join(m, r) for m in pt_mounts] +
-                    ([os.path.join(mount, r)] if agent else []))
+                    [os.path.join(a[3], r) for a in agents])
 
         for pt_mount in pt_mounts:
             while not os.path.ismount(pt_mount):
@@ -197,17 +215,20 @@ def main():
             if only and f"{mode}-{sync.lower()}" not in only:
                 continue
             rates, requests = [[] for _ in names], {}
+            first_agent = len(names) - len(agents)
             for r in range(args.rounds):
                 where = paths(f"w-{mode}-{sync.lower()}-{r}")
                 for side in range(len(names)):
-                    if names[side] != "fleetfs":
+                    if side < first_agent:
                         rates[side].append(inserts(where[side], mode, sync, count))
                         continue
+                    port = agents[side - first_agent][2]
                     before = metrics(port)
                     rates[side].append(inserts(where[side], mode, sync, count))
                     after = metrics(port)
-                    for op in after:
-                        requests.setdefault(op, []).append((after[op] - before.get(op, 0)) / count)
+                    if side == first_agent:  # requests are the same on every transport
+                        for op in after:
+                            requests.setdefault(op, []).append((after[op] - before.get(op, 0)) / count)
             per_txn = {op: statistics.median(v) for op, v in requests.items()
                        if statistics.median(v) >= 0.05}
             results.append((title, [statistics.median(x) for x in rates], per_txn))
@@ -233,16 +254,15 @@ def main():
               f"{os.cpu_count()} CPUs; kernel {os.uname().release}; SQLite {sqlite3.sqlite_version}")
         for name, pt_args in pt_sides:
             print(f"  {name}: min_passthrough {pt_args or '(no options)'}")
-        print(f"{'workload':56} " + " ".join(f"{n:>8}" for n in names) + "  " +
-              " ".join(f"{n + '/d':>{max(7, len(n) + 2)}}" for n in names[1:]) +
-              (f" {'fleetfs/minpt':>13}" if agent else ""))
+        width = max(8, *(len(n) for n in names))
+        print(f"{'workload':56} " + " ".join(f"{n:>{width}}" for n in names) + "  " +
+              " ".join(f"{n + '/d':>{len(n) + 2}}" for n in names[1:]))
         for title, medians, per_txn in results:
             d = medians[0]
-            print(f"{title:56} " + " ".join(f"{x:8.0f}" for x in medians) + "  " +
-                  " ".join(f"{x / d:{max(7, len(n) + 2)}.2f}"
-                           for n, x in zip(names[1:], medians[1:])) +
-                  (f" {medians[-1] / medians[1]:13.2f}" if agent else ""))
-        if agent:
+            print(f"{title:56} " + " ".join(f"{x:{width}.0f}" for x in medians) + "  " +
+                  " ".join(f"{x / d:{len(n) + 2}.2f}"
+                           for n, x in zip(names[1:], medians[1:])))
+        if agents:
             print("\nFUSE requests per transaction through fleetfs (median):")
         for title, _, per_txn in results:
             if per_txn:
@@ -250,13 +270,13 @@ def main():
                                                                    key=lambda kv: -kv[1]))
                 print(f"  {title}: {sum(per_txn.values()):.1f} = {ops}")
     finally:
-        if agent:
-            agent.send_signal(signal.SIGTERM)
+        for name, proc, port, a_mount, log_name in agents:
+            proc.send_signal(signal.SIGTERM)
             try:
-                agent.wait(30)
+                proc.wait(30)
             except subprocess.TimeoutExpired:
-                agent.kill()
-                subprocess.run(["umount", "-l", mount])
+                proc.kill()
+                subprocess.run(["umount", "-l", a_mount])
         for pt_mount, passthrough in zip(pt_mounts, passthroughs):
             subprocess.run(["umount", pt_mount])
             try:

@@ -48,6 +48,9 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+#include <future>
+
+#include "vfs/fuse_transport.h"
 
 namespace {
 
@@ -62,11 +65,19 @@ struct Options {
   bool clone_fd = false;
   enum class Splice { kLibfuseDefault, kOn, kOff } splice = Splice::kLibfuseDefault;
   bool count = false;
+  // --transport io_uring: fleetfs's SessionTransport (vfs/fuse_transport.h),
+  // asked for strictly; --uring-threads and --uring-entries per queue.
+  bool uring = false;
+  int uring_threads = 2;
+  int uring_entries = 4;
+  bool uring_pin = true;
 };
 
 constexpr char kUsage[] =
     "usage: min_passthrough [--threads N] [--max-idle N] [--clone-fd] [--single]\n"
-    "                       [--splice|--no-splice] [--count] BACKING MOUNTPOINT\n";
+    "                       [--splice|--no-splice] [--count]\n"
+    "                       [--transport io_uring [--uring-threads N] [--uring-entries N]\n"
+    "                        [--no-pin]] BACKING MOUNTPOINT\n";
 
 std::optional<unsigned> ParseCount(const char* text) {
   char* end = nullptr;
@@ -107,6 +118,22 @@ std::optional<Options> ParseArgs(int argc, char** argv) {
       o.splice = Options::Splice::kOff;
     } else if (a == "--count") {
       o.count = true;
+    } else if (a == "--transport") {
+      if (i + 1 >= argc || std::string_view(argv[i + 1]) != "io_uring") {
+        std::fprintf(stderr, "min_passthrough: --transport takes io_uring (/dev/fuse is the default)\n");
+        return std::nullopt;
+      }
+      ++i;
+      o.uring = true;
+    } else if (a == "--uring-threads" || a == "--uring-entries") {
+      std::optional<unsigned> n = number();
+      if (!n || *n == 0) {
+        std::fprintf(stderr, "min_passthrough: %s needs a number >= 1\n", argv[i - 1]);
+        return std::nullopt;
+      }
+      (a == "--uring-threads" ? o.uring_threads : o.uring_entries) = static_cast<int>(*n);
+    } else if (a == "--no-pin") {
+      o.uring_pin = false;
     } else if (a.starts_with("--")) {
       std::fprintf(stderr, "min_passthrough: unknown option %s\n%s", argv[i], kUsage);
       return std::nullopt;
@@ -156,6 +183,7 @@ struct Fs {
   std::map<fuse_ino_t, std::unique_ptr<Inode>> inodes;
   std::map<std::pair<dev_t, ino_t>, fuse_ino_t> by_key;
   fuse_ino_t next = 2;
+  fleetfs::vfs::SessionTransport* transport = nullptr;  // --transport io_uring
 };
 
 Fs& Self(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
@@ -465,6 +493,31 @@ int ServeDevFuse(fuse_session* se, const Options& o) {
   return rc;
 }
 
+// Serves the session over io_uring until it is unmounted: fleetfs's own
+// transport, so that the floor and fleetfs are measured on the same one.
+int ServeUring(fuse_session* se, Fs& fs, const Options& o) {
+  std::promise<void> ended;
+  fleetfs::vfs::TransportOptions t;
+  t.transport = fleetfs::vfs::Transport::kIoUring;
+  t.threads_per_queue = o.uring_threads;
+  t.entries_per_thread = o.uring_entries;
+  t.pin_threads = o.uring_pin;
+  t.on_session_end = [&ended] { ended.set_value(); };
+  fleetfs::vfs::SessionTransport transport(std::move(t));
+  fs.transport = &transport;
+  std::string error;
+  if (!transport.Start(
+          se, [](void* userdata) { return static_cast<Fs*>(userdata)->transport; }, &error)) {
+    std::fprintf(stderr, "min_passthrough: %s\n", error.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "min_passthrough: transport %s, %d queues\n", transport.name().c_str(),
+               transport.queues());
+  ended.get_future().wait();
+  transport.Stop();
+  return 0;
+}
+
 // Prints the counts on each SIGUSR1 until Stop(). SIGUSR1 must be blocked in
 // every thread (block it before any other thread starts).
 class CountReporter {
@@ -518,7 +571,7 @@ int main(int argc, char** argv) {
 
   fuse_session* se = NewSession(fs, o);
   if (se == nullptr) return 1;
-  int rc = ServeDevFuse(se, o);
+  int rc = o.uring ? ServeUring(se, fs, o) : ServeDevFuse(se, o);
   fuse_session_unmount(se);
   fuse_session_destroy(se);
   if (reporter) {

@@ -306,6 +306,8 @@ class FleetFs::Impl final : public FencedFiles {
                 std::uint64_t epoch, MonoTime started);
   // Counts one deferred lookup or open of `uid`; false when it has the most.
   bool EnterDeferred(uid_t uid) {
+    // On io_uring a held answer keeps its ring entry: bounded per ring too.
+    if (!SessionTransport::MayHold()) return false;
     std::lock_guard lock(deferred_mu_);
     auto [it, added] = deferred_.try_emplace(uid, 0);
     if (it->second >= kMaxDeferredPerUid) return false;

@@ -54,11 +54,16 @@ constexpr std::uint32_t kCmdCommitAndFetch = 2;
 // whole request is contiguous for fuse_session_process_buf.
 constexpr std::size_t kFront = 4096;
 constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
-// Entries of a ring kept waiting in the kernel beyond those holding requests,
-// and a bound on the entries one ring holds (held answers beyond it make
-// the queue's other requests wait, as on /dev/fuse with every thread busy).
-constexpr std::size_t kIdleEntries = 2;
-constexpr std::size_t kMaxEntriesPerRing = 1024;
+// The kernel hands a request to an entry waiting on the requesting CPU's
+// queue; with none waiting it queues the request, and a queued request is
+// taken only by a later COMMIT_AND_FETCH (a new REGISTER takes none). So
+// each ring keeps kIdleEntries waiting beyond those holding requests, and
+// answers held for long (lookups behind a restore) are bounded per ring
+// (MayHold): past kMaxHeldPerRing a handler answers at once (EAGAIN), and
+// that answer's commit takes the next queued request.
+constexpr std::size_t kIdleEntries = 16;
+constexpr std::size_t kMaxHeldPerRing = 64;
+constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerRing + kIdleEntries + 1;
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;
 
@@ -117,7 +122,6 @@ int UringOpHeaderSize(std::uint32_t opcode, bool setxattr_ext) {
     case FUSE_BMAP: return sizeof(fuse_bmap_in);
     case FUSE_IOCTL: return sizeof(fuse_ioctl_in);
     case FUSE_POLL: return sizeof(fuse_poll_in);
-    case FUSE_NOTIFY_REPLY: return sizeof(fuse_notify_retrieve_in);
     case FUSE_FALLOCATE: return sizeof(fuse_fallocate_in);
     case FUSE_LSEEK: return sizeof(fuse_lseek_in);
     case FUSE_COPY_FILE_RANGE: return sizeof(fuse_copy_file_range_in);
@@ -125,7 +129,10 @@ int UringOpHeaderSize(std::uint32_t opcode, bool setxattr_ext) {
     case 52:  // FUSE_STATX: fuse_statx_in, after Debian 12's header
       return 24;
     default:
-      return -1;  // FORGET, BATCH_FORGET, INTERRUPT, INIT: /dev/fuse only
+      // FORGET, BATCH_FORGET, INTERRUPT, INIT: /dev/fuse only. NOTIFY_REPLY
+      // (a notify_retrieve's data, which fleetfs never asks for) too: libfuse
+      // answers it with fuse_reply_none, which would hold its entry forever.
+      return -1;
   }
 }
 
@@ -204,6 +211,11 @@ void PrepCmd(io_uring_sqe* sqe, int fd, std::uint32_t op, SessionTransport::Entr
 }
 
 }  // namespace
+
+bool SessionTransport::MayHold() {
+  // `out` counts the request being handled too.
+  return tls_ring == nullptr || tls_ring->out <= kMaxHeldPerRing;
+}
 
 SessionTransport::SessionTransport(TransportOptions options) : options_(std::move(options)) {}
 
@@ -334,7 +346,7 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
       const std::size_t payload = init_.uring_payload_size();
       for (auto& r : rings_) {
         r->payload_size = payload;
-        for (int i = 0; i < options_.entries_per_thread; ++i) NewEntry(r.get());
+        for (std::size_t i = 0; i < kIdleEntries; ++i) NewEntry(r.get());
       }
       // Answers are matched to entries from now on: a ring may take its
       // first request as soon as every queue has registered, before this
@@ -396,7 +408,7 @@ bool SessionTransport::StartUring(std::string* error) {
           CPU_SET(rp->qid, &set);
           sched_setaffinity(0, sizeof(set), &set);  // best effort: a CPU may be offline
         }
-        const unsigned depth = static_cast<unsigned>(options_.entries_per_thread) + 2;
+        const unsigned depth = static_cast<unsigned>(kIdleEntries) + 2;
         io_uring_params params{};
         // Not IORING_SETUP_COOP_TASKRUN: the kernel completes an entry by
         // task work on this thread, and with that hint it only flags the
@@ -501,10 +513,7 @@ void SessionTransport::RunRing(Ring* r, int fd) {
     while (r->live - r->out < kIdleEntries && r->entries.size() < kMaxEntriesPerRing) {
       PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
       ++r->live;
-      if (r->entries.size() == kMaxEntriesPerRing) {
-        spdlog::warn("vfs: io_uring queue {}: a thread holds {} requests waiting for answers; "
-                     "no more entries are added", r->qid, r->entries.size());
-      }
+
     }
     int rc = io_uring_submit_and_wait(&r->ring, 1);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {

@@ -69,11 +69,9 @@ struct TransportOptions {
   int dev_threads = 10;
   bool clone_fd = false;
   int max_idle_threads = -1;  // -1: libfuse's default
-  // io_uring: threads per queue (one queue per possible CPU), and entries
-  // (requests in flight) per thread. More than one thread per queue keeps a
-  // queue serving while one thread waits in a slow backing call (fsync).
+  // io_uring: threads per queue (one queue per possible CPU). More than one
+  // keeps a queue serving while one thread waits in a slow backing call.
   int threads_per_queue = 2;
-  int entries_per_thread = 4;
   bool pin_threads = true;  // each queue's threads on its CPU
   // Wakes libfuse's /dev/fuse readers for a stop: makes one request.
   std::function<void()> wake;
@@ -109,6 +107,11 @@ class SessionTransport {
   // options.wake made one request). The session stays mounted; requests
   // still coming wait until it is destroyed. Destroy this after the session.
   void Stop();
+
+  // Whether the request being handled on this thread may be answered later
+  // from another thread: on an io_uring thread, false once its ring holds
+  // its bound of such answers (each keeps a ring entry); true elsewhere.
+  static bool MayHold();
 
   std::string name() const;  // "io_uring" or "/dev/fuse"
   std::string why() const;   // why not io_uring, under kAuto; else empty

@@ -66,17 +66,16 @@ struct Options {
   enum class Splice { kLibfuseDefault, kOn, kOff } splice = Splice::kLibfuseDefault;
   bool count = false;
   // --transport io_uring: fleetfs's SessionTransport (vfs/fuse_transport.h),
-  // asked for strictly; --uring-threads and --uring-entries per queue.
+  // asked for strictly; --uring-threads per queue.
   bool uring = false;
   int uring_threads = 2;
-  int uring_entries = 4;
   bool uring_pin = true;
 };
 
 constexpr char kUsage[] =
     "usage: min_passthrough [--threads N] [--max-idle N] [--clone-fd] [--single]\n"
     "                       [--splice|--no-splice] [--count]\n"
-    "                       [--transport io_uring [--uring-threads N] [--uring-entries N]\n"
+    "                       [--transport io_uring [--uring-threads N]\n"
     "                        [--no-pin]] BACKING MOUNTPOINT\n";
 
 std::optional<unsigned> ParseCount(const char* text) {
@@ -125,13 +124,13 @@ std::optional<Options> ParseArgs(int argc, char** argv) {
       }
       ++i;
       o.uring = true;
-    } else if (a == "--uring-threads" || a == "--uring-entries") {
+    } else if (a == "--uring-threads") {
       std::optional<unsigned> n = number();
       if (!n || *n == 0) {
         std::fprintf(stderr, "min_passthrough: %s needs a number >= 1\n", argv[i - 1]);
         return std::nullopt;
       }
-      (a == "--uring-threads" ? o.uring_threads : o.uring_entries) = static_cast<int>(*n);
+      o.uring_threads = static_cast<int>(*n);
     } else if (a == "--no-pin") {
       o.uring_pin = false;
     } else if (a.starts_with("--")) {
@@ -500,7 +499,6 @@ int ServeUring(fuse_session* se, Fs& fs, const Options& o) {
   fleetfs::vfs::TransportOptions t;
   t.transport = fleetfs::vfs::Transport::kIoUring;
   t.threads_per_queue = o.uring_threads;
-  t.entries_per_thread = o.uring_entries;
   t.pin_threads = o.uring_pin;
   t.on_session_end = [&ended] { ended.set_value(); };
   fleetfs::vfs::SessionTransport transport(std::move(t));

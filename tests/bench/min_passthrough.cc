@@ -509,7 +509,7 @@ int ServeUring(fuse_session* se, Fs& fs, const Options& o) {
     std::fprintf(stderr, "min_passthrough: %s\n", error.c_str());
     return 1;
   }
-  std::fprintf(stderr, "min_passthrough: transport %s, %d queues\n", transport.name().c_str(),
+  std::printf("min_passthrough: transport %s, %d queues\n", transport.name().c_str(),
                transport.queues());
   ended.get_future().wait();
   transport.Stop();

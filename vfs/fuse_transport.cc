@@ -297,11 +297,15 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
   lookup = of_userdata;
   static constexpr fuse_custom_io kIo = [] {
     fuse_custom_io io{};
+    // Without a transport (reset while a late answer is on its way) the
+    // bytes go to /dev/fuse, as libfuse would send them.
     io.read = [](int fd, void* buf, size_t len, void* userdata) -> ssize_t {
-      return lookup(userdata)->Read(fd, buf, len);
+      SessionTransport* t = lookup(userdata);
+      return t != nullptr ? t->Read(fd, buf, len) : ::read(fd, buf, len);
     };
     io.writev = [](int fd, struct iovec* iov, int count, void* userdata) -> ssize_t {
-      return lookup(userdata)->Writev(fd, iov, count);
+      SessionTransport* t = lookup(userdata);
+      return t != nullptr ? t->Writev(fd, iov, count) : ::writev(fd, iov, count);
     };
     return io;
   }();
@@ -558,6 +562,8 @@ void SessionTransport::RunRing(Ring* r, int fd) {
     std::lock_guard lock(r->mu);
     r->closed = true;
   }
+  // Answers committed since the last submission still reach the kernel.
+  io_uring_submit(&r->ring);
   io_uring_queue_exit(&r->ring);
 }
 

@@ -56,12 +56,16 @@ constexpr std::size_t kFront = 4096;
 constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // The kernel hands a request to an entry waiting on the requesting CPU's
 // queue; with none waiting it queues the request, and a queued request is
-// taken only by a later COMMIT_AND_FETCH (a new REGISTER takes none). So
-// each ring keeps kIdleEntries waiting beyond those holding requests, and
-// answers held for long (lookups behind a restore) are bounded per ring
-// (MayHold): past kMaxHeldPerRing a handler answers at once (EAGAIN), and
-// that answer's commit takes the next queued request.
-constexpr std::size_t kIdleEntries = 16;
+// taken only by a later COMMIT_AND_FETCH (a new REGISTER takes none). And
+// an entry waiting on a thread busy in a slow handler (an fsync) makes its
+// request wait for that handler. So each thread keeps exactly one entry
+// waiting while it is free, and none while it works: a queue has as many
+// entries waiting as free threads (threads_per_queue). An answer held for
+// long (a lookup behind a restore) keeps its entry; the thread registers
+// another. Held answers are bounded per ring (MayHold): past
+// kMaxHeldPerRing a handler answers at once (EAGAIN), and that answer's
+// commit takes the next queued request.
+constexpr std::size_t kIdleEntries = 1;
 constexpr std::size_t kMaxHeldPerRing = 64;
 constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerRing + kIdleEntries + 1;
 

@@ -69,9 +69,12 @@ struct TransportOptions {
   int dev_threads = 10;
   bool clone_fd = false;
   int max_idle_threads = -1;  // -1: libfuse's default
-  // io_uring: threads per queue (one queue per possible CPU). More than one
-  // keeps a queue serving while one thread waits in a slow backing call.
-  int threads_per_queue = 2;
+  // io_uring: threads per queue (one queue per possible CPU), each with one
+  // entry waiting while it is free: how many requests of one CPU are taken
+  // at once (more wait in the kernel, as on /dev/fuse with every thread
+  // busy). Idle threads cost a stack and a ring each, and a request wakes
+  // only the thread whose entry it landed on.
+  int threads_per_queue = 16;
   bool pin_threads = true;  // each queue's threads on its CPU
   // Wakes libfuse's /dev/fuse readers for a stop: makes one request.
   std::function<void()> wake;

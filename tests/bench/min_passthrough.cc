@@ -68,7 +68,7 @@ struct Options {
   // --transport io_uring: fleetfs's SessionTransport (vfs/fuse_transport.h),
   // asked for strictly; --uring-threads per queue.
   bool uring = false;
-  int uring_threads = 2;
+  int uring_threads = 16;
   bool uring_pin = true;
 };
 

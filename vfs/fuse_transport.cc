@@ -62,7 +62,10 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // waiting while it is free, and none while it works: a queue has as many
 // entries waiting as free threads (threads_per_queue). An answer held for
 // long (a lookup behind a restore) keeps its entry; the thread registers
-// another. Held answers are bounded per ring (MayHold): past
+// another. Its commit, later, leaves that entry waiting too (commits always
+// fetch): a thread that held answers keeps those extra entries waiting
+// until later deferrals use them up, and requests on them may wait for the
+// thread's next slow call. Held answers are bounded per ring (MayHold): past
 // kMaxHeldPerRing a handler answers at once (EAGAIN), and that answer's
 // commit takes the next queued request.
 constexpr std::size_t kIdleEntries = 1;

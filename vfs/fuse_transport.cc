@@ -69,7 +69,7 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // kMaxHeldPerRing a handler answers at once (EAGAIN), and that answer's
 // commit takes the next queued request.
 constexpr std::size_t kIdleEntries = 1;
-constexpr std::size_t kMaxHeldPerRing = 64;
+constexpr std::size_t kMaxHeldPerRing = 8;
 constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerRing + kIdleEntries + 1;
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;

@@ -65,12 +65,14 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // another. Its commit, later, leaves that entry waiting too (commits always
 // fetch): a thread that held answers keeps those extra entries waiting
 // until later deferrals use them up, and requests on them may wait for the
-// thread's next slow call. Held answers are bounded per ring (MayHold): past
-// kMaxHeldPerRing a handler answers at once (EAGAIN), and that answer's
-// commit takes the next queued request.
+// thread's next slow call. Held answers are bounded per queue (MayHold), not
+// per thread: the kernel hands the newest waiting entry out first, so one
+// thread may take a burst's every request. Past kMaxHeldPerQueue a handler
+// answers at once (EAGAIN), and that answer's commit takes the next queued
+// request.
 constexpr std::size_t kIdleEntries = 1;
-constexpr std::size_t kMaxHeldPerRing = 8;
-constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerRing + kIdleEntries + 1;
+constexpr std::size_t kMaxHeldPerQueue = 128;
+constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerQueue + kIdleEntries + 1;
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;
 
@@ -166,6 +168,7 @@ struct SessionTransport::Ring {
   // the thread registers.
   std::vector<std::unique_ptr<Entry>> entries;
   std::size_t out = 0;   // entries holding a request (not waiting in the kernel)
+  std::atomic<std::size_t>* queue_out = nullptr;  // `out` of every ring of the queue
   std::size_t live = 0;  // entries the kernel has not ended
   std::size_t payload_size = 0;
   std::thread thread;
@@ -221,7 +224,7 @@ void PrepCmd(io_uring_sqe* sqe, int fd, std::uint32_t op, SessionTransport::Entr
 
 bool SessionTransport::MayHold() {
   // `out` counts the request being handled too.
-  return tls_ring == nullptr || tls_ring->out <= kMaxHeldPerRing;
+  return tls_ring == nullptr || tls_ring->queue_out->load() <= kMaxHeldPerQueue;
 }
 
 SessionTransport::SessionTransport(TransportOptions options) : options_(std::move(options)) {}
@@ -276,6 +279,7 @@ ssize_t SessionTransport::Writev(int fd, struct iovec* iov, int count) {
       if (tls_ring == r) {
         PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
         --r->out;
+        r->queue_out->fetch_sub(1);
       } else {
         bool wake = false;
         {
@@ -404,12 +408,14 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
 
 bool SessionTransport::StartUring(std::string* error) {
   nqueues_ = PossibleCpus();
+  queue_out_ = std::make_unique<std::atomic<std::size_t>[]>(static_cast<std::size_t>(nqueues_));
   const int fd = fuse_session_fd(se_);
   for (int q = 0; q < nqueues_; ++q) {
     for (int t = 0; t < options_.threads_per_queue; ++t) {
       auto r = std::make_unique<Ring>();
       r->owner = this;
       r->qid = q;
+      r->queue_out = &queue_out_[static_cast<std::size_t>(q)];
       Ring* rp = r.get();
       rings_.push_back(std::move(r));
       rp->thread = std::thread([this, rp, fd] {
@@ -545,6 +551,7 @@ void SessionTransport::RunRing(Ring* r, int fd) {
         }
         for (Entry* e : inbox) PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
         r->out -= inbox.size();
+        r->queue_out->fetch_sub(inbox.size());
         io_uring_sqe* wake = Sqe(&r->ring);
         io_uring_prep_read(wake, r->wake_fd, &r->wake_buf, sizeof(r->wake_buf), 0);
         io_uring_sqe_set_data64(wake, kWakeTag);
@@ -562,6 +569,7 @@ void SessionTransport::RunRing(Ring* r, int fd) {
         continue;
       }
       ++r->out;
+      r->queue_out->fetch_add(1);
       Process(e, fd);
     }
   }

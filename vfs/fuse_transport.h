@@ -112,8 +112,8 @@ class SessionTransport {
   void Stop();
 
   // Whether the request being handled on this thread may be answered later
-  // from another thread: on an io_uring thread, false once its ring holds
-  // its bound of such answers (each keeps a ring entry); true elsewhere.
+  // from another thread: on an io_uring thread, false once its queue holds
+  // its bound of requests (each keeps a ring entry); true elsewhere.
   static bool MayHold();
 
   std::string name() const;  // "io_uring" or "/dev/fuse"
@@ -148,6 +148,7 @@ class SessionTransport {
   std::mutex owed_mu_;  // guards owed_; taken alone
   std::unordered_map<std::uint64_t, Entry*> owed_;  // request unique -> its entry, until answered
   int nqueues_ = 0;
+  std::unique_ptr<std::atomic<std::size_t>[]> queue_out_;  // per queue: requests its entries hold
   std::vector<std::thread> dev_threads_;
   std::thread waker_;
   int stop_fd_ = -1;

@@ -13,7 +13,6 @@
 #include <fuse_lowlevel.h>
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -70,25 +69,12 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // per thread: the kernel hands the newest waiting entry out first, so one
 // thread may take a burst's every request. Past kMaxHeldPerQueue a handler
 // answers at once (EAGAIN), and that answer's commit takes the next queued
-// request. And once a queue has run out of waiting entries (the kernel may
-// queue what comes next), it is saturated: no answer is held there, so
-// every request taken is committed and each commit takes a queued one,
-// until no request has come for kDrainedNs (a commit finds a queued request
-// at once: the kernel's queue is empty).
+// request.
 constexpr std::size_t kIdleEntries = 1;
 constexpr std::size_t kMaxHeldPerQueue = 128;
 constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerQueue + kIdleEntries + 1;
-// A saturated queue is drained when no request came for this long after
-// its threads committed (a commit takes a queued request at once).
-constexpr long kDrainedNs = 50'000'000;
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;
-
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Possible CPUs as the kernel counts its queues (num_possible_cpus).
 int PossibleCpus() {
@@ -183,7 +169,6 @@ struct SessionTransport::Ring {
   std::vector<std::unique_ptr<Entry>> entries;
   std::size_t out = 0;   // entries holding a request (not waiting in the kernel)
   std::atomic<std::size_t>* queue_out = nullptr;  // `out` of every ring of the queue
-  QueueState* queue = nullptr;
   std::size_t live = 0;  // entries the kernel has not ended
   std::size_t payload_size = 0;
   std::thread thread;
@@ -239,8 +224,7 @@ void PrepCmd(io_uring_sqe* sqe, int fd, std::uint32_t op, SessionTransport::Entr
 
 bool SessionTransport::MayHold() {
   // `out` counts the request being handled too.
-  return tls_ring == nullptr || (tls_ring->queue_out->load() <= kMaxHeldPerQueue &&
-                                 !tls_ring->queue->saturated.load());
+  return tls_ring == nullptr || tls_ring->queue_out->load() <= kMaxHeldPerQueue;
 }
 
 SessionTransport::SessionTransport(TransportOptions options) : options_(std::move(options)) {}
@@ -294,7 +278,6 @@ ssize_t SessionTransport::Writev(int fd, struct iovec* iov, int count) {
       Ring* r = e->ring;
       if (tls_ring == r) {
         PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
-        r->queue->waiting.fetch_add(1);
         --r->out;
         r->queue_out->fetch_sub(1);
       } else {
@@ -426,7 +409,6 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
 bool SessionTransport::StartUring(std::string* error) {
   nqueues_ = PossibleCpus();
   queue_out_ = std::make_unique<std::atomic<std::size_t>[]>(static_cast<std::size_t>(nqueues_));
-  queue_state_ = std::make_unique<QueueState[]>(static_cast<std::size_t>(nqueues_));
   const int fd = fuse_session_fd(se_);
   for (int q = 0; q < nqueues_; ++q) {
     for (int t = 0; t < options_.threads_per_queue; ++t) {
@@ -434,7 +416,6 @@ bool SessionTransport::StartUring(std::string* error) {
       r->owner = this;
       r->qid = q;
       r->queue_out = &queue_out_[static_cast<std::size_t>(q)];
-      r->queue = &queue_state_[static_cast<std::size_t>(q)];
       Ring* rp = r.get();
       rings_.push_back(std::move(r));
       rp->thread = std::thread([this, rp, fd] {
@@ -479,7 +460,6 @@ bool SessionTransport::StartUring(std::string* error) {
           }
         }
         for (auto& e : rp->entries) PrepCmd(Sqe(&rp->ring), fd, kCmdRegister, e.get(), rp->qid);
-        rp->queue->waiting.fetch_add(static_cast<int>(rp->entries.size()));
         rp->live = rp->entries.size();
         io_uring_sqe* wake = Sqe(&rp->ring);
         io_uring_prep_read(wake, rp->wake_fd, &rp->wake_buf, sizeof(rp->wake_buf), 0);
@@ -549,22 +529,10 @@ void SessionTransport::RunRing(Ring* r, int fd) {
     // some waiting there, so that held answers never stall the others.
     while (r->live - r->out < kIdleEntries && r->entries.size() < kMaxEntriesPerRing) {
       PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
-      r->queue->waiting.fetch_add(1);
       ++r->live;
 
     }
-    // Saturated: wait for a request at most kDrained; none coming means the
-    // commits of this queue found the kernel's queue empty.
-    int rc;
-    if (r->queue->saturated.load()) {
-      __kernel_timespec ts{0, kDrainedNs};
-      io_uring_cqe* first = nullptr;
-      rc = io_uring_submit_and_wait_timeout(&r->ring, &first, 1, &ts, nullptr);
-      if (rc == -ETIME) rc = 0;
-      if (NowNs() - r->queue->last_take_ns.load() > kDrainedNs) r->queue->saturated.store(false);
-    } else {
-      rc = io_uring_submit_and_wait(&r->ring, 1);
-    }
+    int rc = io_uring_submit_and_wait(&r->ring, 1);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
       spdlog::error("vfs: io_uring queue {} stopped: {}", r->qid, std::strerror(-rc));
       break;
@@ -582,7 +550,6 @@ void SessionTransport::RunRing(Ring* r, int fd) {
           stop = stop || r->phase == Ring::Phase::kStop;
         }
         for (Entry* e : inbox) PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
-        r->queue->waiting.fetch_add(static_cast<int>(inbox.size()));
         r->out -= inbox.size();
         r->queue_out->fetch_sub(inbox.size());
         io_uring_sqe* wake = Sqe(&r->ring);
@@ -603,11 +570,6 @@ void SessionTransport::RunRing(Ring* r, int fd) {
       }
       ++r->out;
       r->queue_out->fetch_add(1);
-      // The kernel gave out this queue's last waiting entry: what comes next
-      // is queued, and only commits take it. Until the queue drains, no
-      // answer is held (MayHold), so every request taken is committed.
-      r->queue->last_take_ns.store(NowNs());
-      if (r->queue->waiting.fetch_sub(1) <= 1) r->queue->saturated.store(true);
       Process(e, fd);
     }
   }

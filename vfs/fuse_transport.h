@@ -127,13 +127,6 @@ class SessionTransport {
 
   struct Ring;
   struct Entry;
-  // A queue's entries waiting in the kernel (counted as they are sent), and
-  // whether the kernel may have queued requests since it ran out of them.
-  struct QueueState {
-    std::atomic<int> waiting{0};
-    std::atomic<bool> saturated{false};
-    std::atomic<std::int64_t> last_take_ns{0};
-  };
 
  private:
   bool StartUring(std::string* error);
@@ -156,7 +149,6 @@ class SessionTransport {
   std::unordered_map<std::uint64_t, Entry*> owed_;  // request unique -> its entry, until answered
   int nqueues_ = 0;
   std::unique_ptr<std::atomic<std::size_t>[]> queue_out_;  // per queue: requests its entries hold
-  std::unique_ptr<QueueState[]> queue_state_;
   std::vector<std::thread> dev_threads_;
   std::thread waker_;
   int stop_fd_ = -1;

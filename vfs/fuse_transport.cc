@@ -158,7 +158,6 @@ struct SessionTransport::Entry {
 };
 
 struct SessionTransport::Ring {
-  SessionTransport* owner = nullptr;
   int qid = 0;
   io_uring ring{};
   bool ring_ok = false;
@@ -413,7 +412,6 @@ bool SessionTransport::StartUring(std::string* error) {
   for (int q = 0; q < nqueues_; ++q) {
     for (int t = 0; t < options_.threads_per_queue; ++t) {
       auto r = std::make_unique<Ring>();
-      r->owner = this;
       r->qid = q;
       r->queue_out = &queue_out_[static_cast<std::size_t>(q)];
       Ring* rp = r.get();

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <csignal>
 #include <cstring>
 #include <random>
@@ -90,9 +91,11 @@ class FleetFsTest : public ::testing::Test {
     options.before_backing_write = [this] {
       if (!hold_writes_.load()) return;
       held_.store(true);
+      ++writes_held_;
       // Sleeps, not spins: a held thread pinned beside the test's must not
       // starve it of the CPU.
       while (hold_writes_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      --writes_held_;
     };
     options.hooks = Hooks();
     options.max_threads = MaxThreads();
@@ -162,6 +165,7 @@ class FleetFsTest : public ::testing::Test {
   FakeClock latency_clock_;  // request timing, apart from the lease clock's counted reads
   std::atomic<bool> hold_writes_{false};  // the next write waits inside the mount
   std::atomic<bool> held_{false};         // a write is waiting there
+  std::atomic<int> writes_held_{0};       // writes waiting there now
   std::atomic<int> session_ends_{0};
   bool window_ = false;             // Mount served while still starting (io_uring only)
   bool window_answered_ = false;    // a request made then was answered
@@ -620,6 +624,10 @@ class FleetFsHooksTest : public FleetFsTest {
     return &hooks_;
   }
   int MaxThreads() override { return 2; }
+  // Holds every thread of CPU 0's queue in a write, queues `users` x `each`
+  // lookups that wait for restores behind them, lets the writes go, and
+  // expects every lookup to reach Prepare.
+  void BurstBehindBusyThreads(int users, int each);
   FakeHooks hooks_;
 };
 
@@ -657,39 +665,95 @@ void PinTo(int cpu) {
   ::sched_setaffinity(0, sizeof(set), &set);
 }
 
+// True while thread `tid` of this process sleeps in a system call (not
+// while it runs or spins).
+bool SleepsInSyscall(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  std::string first;
+  in >> first;
+  return !first.empty() && first != "running";
+}
+
 // On io_uring the kernel queues a CPU's requests when no entry of its queue
-// waits, and a queued request is taken only by a later commit: a burst of
-// lookups that all wait for restores, no more than a queue's free threads
-// (16), must all reach Prepare (found by review: 13 of 24 did while 4
-// entries a ring waited; then with a bound of held answers per thread, the
-// kernel handing the newest waiting entry out first let one thread take a
-// burst and answer past its bound EAGAIN). A burst beyond the free threads
-// may wait in the kernel until an answer goes out: an open item.
-TEST_F(FleetFsHooksTest, a_burst_of_lookups_waiting_for_restores_from_one_cpu_all_reach_prepare) {
-  constexpr int kBurst = 12;
-  std::vector<std::thread> burst;
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  for (int i = 0; i < kBurst; ++i) {
-    burst.emplace_back([&, i] {
+// waits, and a queued request is taken only by a later commit. Lookups that
+// wait for restores commit nothing until a restore ends, so lookups queued
+// behind busy threads must still all reach Prepare once the threads are
+// free: here every thread of CPU 0's queue (16) is held in a write while the
+// burst queues, then the writes go (found by review and in CI: 13 of 24, then
+// 16 of 24 reached Prepare; the rest waited in the kernel for a restore).
+void FleetFsHooksTest::BurstBehindBusyThreads(int users, int each) {
+  const int total = users * each;
+  const int fill = fs_->TransportName() == "io_uring" ? 16 : MaxThreads();
+  // Their directories are looked up now: only the held lookups queue.
+  for (int n = 0; n < total; ++n) {
+    struct stat st;
+    ::stat(std::filesystem::path(Mounted("slowburst" + std::to_string(n))).parent_path().c_str(), &st);
+  }
+  std::vector<int> fds;
+  for (int i = 0; i < fill; ++i) {
+    int fd = ::open(Mounted("busy" + std::to_string(i)).c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    fds.push_back(fd);
+  }
+  hold_writes_ = true;
+  std::vector<std::thread> writers;
+  for (int fd : fds) {
+    writers.emplace_back([fd] {
       PinTo(0);
-      ++ready;
-      while (!go.load()) std::this_thread::yield();
-      struct stat st;
-      ::stat(Mounted("slowburst" + std::to_string(i)).c_str(), &st);
+      (void)::pwrite(fd, "held", 4, 0);
     });
   }
-  while (ready.load() < kBurst) std::this_thread::yield();
-  go = true;
-  for (int i = 0; i < 2000 && hooks_.held() < kBurst; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 5000 && writes_held_.load() < fill; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const int busy = writes_held_.load();
+  std::vector<std::thread> burst;
+  std::vector<std::atomic<pid_t>> tids(static_cast<std::size_t>(total));
+  for (int u = 0; u < users; ++u) {
+    for (int i = 0; i < each; ++i) {
+      const int n = u * each + i;
+      burst.emplace_back([&, u, n] {
+        PinTo(0);
+        if (u > 0) ::setfsuid(static_cast<uid_t>(20000 + u));
+        tids[static_cast<std::size_t>(n)] = ::gettid();
+        struct stat st;
+        ::stat(Mounted("slowburst" + std::to_string(n)).c_str(), &st);
+      });
+    }
+  }
+  // Every lookup is in the kernel before a thread is let go.
+  int asleep = 0;
+  for (int i = 0; i < 5000 && asleep < total; ++i) {
+    asleep = 0;
+    for (auto& tid : tids) asleep += tid.load() != 0 && SleepsInSyscall(tid.load()) ? 1 : 0;
+    if (asleep < total) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const std::size_t before = hooks_.held();
+  hold_writes_ = false;
+  for (int i = 0; i < 5000 && hooks_.held() < static_cast<std::size_t>(total); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   const std::size_t reached = hooks_.held();
-  while (reached < kBurst && hooks_.held() > 0) hooks_.ReleaseAll();  // let the rest finish
   hooks_.hold_slow = false;
   hooks_.ReleaseAll();
+  for (auto& t : writers) t.join();
   for (auto& t : burst) t.join();
-  EXPECT_EQ(reached, static_cast<std::size_t>(kBurst)) << "lookups queued in the kernel never reached Prepare";
+  for (int fd : fds) ::close(fd);
+  ASSERT_EQ(busy, fill) << "the writes did not hold every thread";
+  ASSERT_EQ(asleep, total) << "the lookups did not all wait in the kernel";
+  EXPECT_EQ(before, 0u) << "a lookup was taken while every thread was busy";
+  EXPECT_EQ(reached, static_cast<std::size_t>(total)) << "lookups queued in the kernel never reached Prepare";
+}
+
+// One user: more lookups than the queue has threads, fewer than a user's
+// bound (32), so none is answered EAGAIN.
+TEST_F(FleetFsHooksTest, lookups_queued_behind_busy_threads_all_reach_prepare) {
+  BurstBehindBusyThreads(1, 30);
+}
+
+// Three users: 90, below a queue's bound of held answers (128).
+TEST_F(FleetFsHooksTest, several_users_lookups_queued_behind_busy_threads_all_reach_prepare) {
+  BurstBehindBusyThreads(3, 30);
 }
 
 // A thread of a queue busy in a slow backing call holds no entry waiting:

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <mutex>
 #include <new>
+#include <system_error>
 
 namespace fleetfs::vfs {
 namespace {
@@ -70,9 +71,23 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // thread may take a burst's every request. Past kMaxHeldPerQueue a handler
 // answers at once (EAGAIN), and that answer's commit takes the next queued
 // request.
+//
+// The registered replacement takes new requests but none the kernel queued
+// while the queue had no entry waiting: after each one, a nudger makes a
+// request of its own on that CPU (after the registration has been
+// submitted), and its answer's commit takes the next queued request. So
+// every request taken leads to a commit on its queue, its own or a nudge's,
+// and a queue's queued requests are all taken while its threads are free
+// (a burst behind held lookups waited for a restore to end without this: CI).
+// Nudges asked for before a nudger makes its request are all served by it;
+// a nudger is blocked while its request is queued, so more start as needed.
 constexpr std::size_t kIdleEntries = 1;
 constexpr std::size_t kMaxHeldPerQueue = 128;
 constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerQueue + kIdleEntries + 1;
+// Nudgers blocked at once per queue; past it an asked nudge waits for one of
+// them to come back. Each blocked nudge is a request the kernel queued,
+// which a commit takes, and there is no more than one per held answer.
+constexpr std::size_t kMaxNudgersPerQueue = kMaxHeldPerQueue;
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;
 
@@ -184,6 +199,17 @@ struct SessionTransport::Ring {
   }
 };
 
+struct SessionTransport::Nudger {
+  int qid = 0;
+  std::mutex mu;  // guards all below
+  std::condition_variable cv;
+  std::uint64_t asked = 0;   // nudges asked for, ever
+  std::uint64_t served = 0;  // `asked` when the latest nudge was begun
+  int idle = 0;              // nudgers waiting on cv
+  bool stop = false;
+  std::vector<std::thread> threads;
+};
+
 namespace {
 
 void SetPhase(SessionTransport::Ring* r, SessionTransport::Ring::Phase phase, std::string error = {}) {
@@ -231,6 +257,10 @@ SessionTransport::SessionTransport(TransportOptions options) : options_(std::mov
 SessionTransport::~SessionTransport() {
   Stop();
   if (waker_.joinable()) waker_.join();
+  // After the unmount: it ends the nudges still queued in the kernel.
+  for (auto& n : nudgers_) {
+    for (auto& t : n->threads) if (t.joinable()) t.join();
+  }
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
 
@@ -408,6 +438,10 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
 bool SessionTransport::StartUring(std::string* error) {
   nqueues_ = PossibleCpus();
   queue_out_ = std::make_unique<std::atomic<std::size_t>[]>(static_cast<std::size_t>(nqueues_));
+  for (int q = 0; q < nqueues_; ++q) {
+    nudgers_.push_back(std::make_unique<Nudger>());
+    nudgers_.back()->qid = q;
+  }
   const int fd = fuse_session_fd(se_);
   for (int q = 0; q < nqueues_; ++q) {
     for (int t = 0; t < options_.threads_per_queue; ++t) {
@@ -525,10 +559,16 @@ void SessionTransport::RunRing(Ring* r, int fd) {
     // An answer that waits (a lookup behind a restore) keeps its entry, and
     // the kernel sends a queue's requests only to entries it holds: keep
     // some waiting there, so that held answers never stall the others.
+    bool registered = false;
     while (r->live - r->out < kIdleEntries && r->entries.size() < kMaxEntriesPerRing) {
       PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
       ++r->live;
-
+      registered = true;
+    }
+    if (registered) {
+      // The new entry waits in the kernel before the nudge's request comes.
+      io_uring_submit(&r->ring);
+      Nudge(r->qid);
     }
     int rc = io_uring_submit_and_wait(&r->ring, 1);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
@@ -610,6 +650,46 @@ void SessionTransport::Process(Entry* e, int fd) {
   fuse_session_process_buf(se_, &buf);
 }
 
+void SessionTransport::Nudge(int qid) {
+  if (!options_.nudge) return;
+  Nudger* n = nudgers_[static_cast<std::size_t>(qid)].get();
+  std::lock_guard lock(n->mu);
+  if (n->stop) return;
+  ++n->asked;
+  if (n->idle > 0) {
+    n->cv.notify_one();
+  } else if (n->threads.size() < kMaxNudgersPerQueue) {
+    try {
+      n->threads.emplace_back([this, n] { RunNudger(n); });
+    } catch (const std::system_error& e) {
+      // The nudge waits for a nudger to come back (or, with none, for a
+      // held answer to go): serving goes on.
+      spdlog::warn("vfs: io_uring queue {} could not start a nudger: {}", n->qid, e.what());
+    }
+  }
+}
+
+void SessionTransport::RunNudger(Nudger* n) {
+  // The kernel queues a request on the queue of the CPU it was made on.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(n->qid, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+  std::unique_lock lock(n->mu);
+  for (;;) {
+    while (!n->stop && n->served == n->asked) {
+      ++n->idle;
+      n->cv.wait(lock);
+      --n->idle;
+    }
+    if (n->stop) return;
+    n->served = n->asked;
+    lock.unlock();
+    options_.nudge();
+    lock.lock();
+  }
+}
+
 void SessionTransport::StartDevLoop() {
   dev_threads_.emplace_back([this] {
     fuse_loop_config* config = fuse_loop_cfg_create();
@@ -679,6 +759,11 @@ void SessionTransport::Stop() {
   started_ = false;
   stopping_ = true;
   if (se_ != nullptr) fuse_session_exit(se_);
+  for (auto& n : nudgers_) {
+    std::lock_guard lock(n->mu);
+    n->stop = true;
+    n->cv.notify_all();
+  }
   if (uring_.load()) {
     eventfd_write(stop_fd_, 1);
     for (auto& r : rings_) {

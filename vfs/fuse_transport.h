@@ -31,6 +31,13 @@
 // requests are served from /dev/fuse and why() says why. Transport::kIoUring
 // turns each of those into a failed Start.
 //
+// Held answers and the kernel's queue: the kernel hands a request to an
+// entry waiting on the requesting CPU's queue, or, with none waiting, queues
+// it, and only a commit takes a queued request. A held answer commits
+// nothing until its restore ends, so each time a ring registers an entry in
+// place of a held one, a nudger of that CPU makes one request that is
+// answered at once (options.nudge), whose commit takes the next queued one.
+//
 // Thread-safety: Start and Stop from one thread; name(), why() and queues()
 // after Start from any thread; the I/O hooks from libfuse's threads.
 #pragma once
@@ -78,6 +85,11 @@ struct TransportOptions {
   bool pin_threads = true;  // each queue's threads on its CPU
   // Wakes libfuse's /dev/fuse readers for a stop: makes one request.
   std::function<void()> wake;
+  // io_uring: makes one request that is answered at once (a statfs of the
+  // mount) from the calling thread, which runs on the queue's CPU. Called
+  // after an answer is held (see Nudger in the .cc); without it, requests
+  // the kernel queued behind held answers wait for one of them to go.
+  std::function<void()> nudge;
   // Called once, from a transport thread, when the session ends without Stop.
   std::function<void()> on_session_end;
   // Tests: called in Start when io_uring was announced and every ring has
@@ -127,6 +139,7 @@ class SessionTransport {
 
   struct Ring;
   struct Entry;
+  struct Nudger;
 
  private:
   bool StartUring(std::string* error);
@@ -137,6 +150,8 @@ class SessionTransport {
   void Process(Entry* e, int fd);
   static Entry* NewEntry(Ring* r);
   void SessionEnded();
+  void Nudge(int qid);
+  void RunNudger(Nudger* n);
 
   TransportOptions options_;
   fuse_session* se_ = nullptr;
@@ -149,6 +164,7 @@ class SessionTransport {
   std::unordered_map<std::uint64_t, Entry*> owed_;  // request unique -> its entry, until answered
   int nqueues_ = 0;
   std::unique_ptr<std::atomic<std::size_t>[]> queue_out_;  // per queue: requests its entries hold
+  std::vector<std::unique_ptr<Nudger>> nudgers_;            // per queue
   std::vector<std::thread> dev_threads_;
   std::thread waker_;
   int stop_fd_ = -1;

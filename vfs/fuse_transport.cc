@@ -55,39 +55,51 @@ constexpr std::uint32_t kCmdCommitAndFetch = 2;
 // whole request is contiguous for fuse_session_process_buf.
 constexpr std::size_t kFront = 4096;
 constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
-// The kernel hands a request to an entry waiting on the requesting CPU's
-// queue; with none waiting it queues the request, and a queued request is
-// taken only by a later COMMIT_AND_FETCH (a new REGISTER takes none). And
-// an entry waiting on a thread busy in a slow handler (an fsync) makes its
-// request wait for that handler. So each thread keeps exactly one entry
-// waiting while it is free, and none while it works: a queue has as many
-// entries waiting as free threads (threads_per_queue). An answer held for
-// long (a lookup behind a restore) keeps its entry; the thread registers
-// another. Its commit, later, leaves that entry waiting too (commits always
-// fetch): a thread that held answers keeps those extra entries waiting
-// until later deferrals use them up, and requests on them may wait for the
-// thread's next slow call. Held answers are bounded per queue (MayHold), not
-// per thread: the kernel hands the newest waiting entry out first, so one
-// thread may take a burst's every request. Past kMaxHeldPerQueue a handler
-// answers at once (EAGAIN), and that answer's commit takes the next queued
-// request.
+// How entries, threads and the kernel's queue fit (dev_uring.c of 6.18):
+// the kernel hands a request to the newest entry waiting on the requesting
+// CPU's queue; with none waiting it queues the request, and a queued
+// request is taken only by a later COMMIT_AND_FETCH (a REGISTER takes none,
+// and there is no commit without a fetch). An entry waiting on a thread
+// busy in a slow handler (an fsync) would make its request wait for that
+// handler, so every ring (one thread each) has at most one entry that is
+// not held: waiting while the thread is free, none while it works.
 //
-// The registered replacement takes new requests but none the kernel queued
-// while the queue had no entry waiting: after each one, a nudger makes a
-// request of its own on that CPU (after the registration has been
-// submitted), and its answer's commit takes the next queued request. So
-// every request taken leads to a commit on its queue, its own or a nudge's,
-// and a queue's queued requests are all taken while its threads are free
-// (a burst behind held lookups waited for a restore to end without this: CI).
+// An answer held for long (a lookup behind a restore) keeps its entry. A
+// queue keeps threads_per_queue entries that are not held (`nonheld`): the
+// ring that held registers another while the queue has fewer, else it
+// becomes a spare, with no entry. When the held answer comes, its commit
+// (which leaves the entry waiting) is made on a spare ring, or on a new one
+// (Adopt): so held answers never pile entries onto one thread, whose
+// requests would wait behind each other (seen: lookups held one after
+// another all land on one thread, the newest entry going first).
+//
+// After every hold a nudger of that CPU makes a request of its own (after
+// any registration has been submitted), answered at once, whose commit
+// takes the next request the kernel queued while no entry waited. So every
+// request taken leads to a commit on its queue, its own or a nudge's, and a
+// queue's queued requests are taken while its threads are free (a burst
+// behind held lookups waited for a restore to end without this: CI).
 // Nudges asked for before a nudger makes its request are all served by it;
 // a nudger is blocked while its request is queued, so more start as needed.
+//
+// Held answers are bounded per queue (MayHold): past kMaxHeldPerQueue a
+// handler answers at once (EAGAIN). That bounds a queue's entries, spare
+// rings and nudgers too.
 constexpr std::size_t kIdleEntries = 1;
 constexpr std::size_t kMaxHeldPerQueue = 128;
-constexpr std::size_t kMaxEntriesPerRing = kMaxHeldPerQueue + kIdleEntries + 1;
+constexpr std::size_t kMaxSparesPerQueue = kMaxHeldPerQueue + 1;
 // Nudgers blocked at once per queue; past it an asked nudge waits for one of
 // them to come back. Each blocked nudge is a request the kernel queued,
 // which a commit takes, and there is no more than one per held answer.
 constexpr std::size_t kMaxNudgersPerQueue = kMaxHeldPerQueue;
+
+// Where an entry's request is (Entry::state).
+enum EntryState : int {
+  kInKernel = 0,   // waiting for a request, or on its way to the ring
+  kInProcess = 1,  // its ring's thread is handling the request
+  kHeld = 2,       // the handler returned without answering
+  kAnswered = 3,   // answered: committed or about to be
+};
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;
 
@@ -166,33 +178,38 @@ struct SessionTransport::Entry {
   char* mem = nullptr;  // kFront bytes, then the payload
   char* payload = nullptr;
   std::size_t payload_size = 0;
+  // The ring its requests come on: changed by Adopt, before the commit that
+  // moves it there (the next request's handling happens after).
   Ring* ring = nullptr;
   std::uint64_t commit_id = 0;
+  std::atomic<int> state{kInKernel};
   bool dead = false;
   ~Entry() { std::free(mem); }
 };
 
 struct SessionTransport::Ring {
   int qid = 0;
+  Queue* queue = nullptr;
   io_uring ring{};
   bool ring_ok = false;
+  bool spare_born = false;  // made by Adopt: no entries of its own at first
   int wake_fd = -1;
   std::uint64_t wake_buf = 0;
-  // Grows on the ring's thread only (AddEntry); read by others only before
-  // the thread registers.
+  // Grows on the ring's thread only (NewEntry); read by others only before
+  // the thread registers. Owns its entries' memory even after Adopt moved
+  // them: every ring lives until the transport does.
   std::vector<std::unique_ptr<Entry>> entries;
-  std::size_t out = 0;   // entries holding a request (not waiting in the kernel)
-  std::atomic<std::size_t>* queue_out = nullptr;  // `out` of every ring of the queue
-  std::size_t live = 0;  // entries the kernel has not ended
+  std::atomic<std::size_t> live{0};  // entries whose requests come here, not ended
   std::size_t payload_size = 0;
   std::thread thread;
 
-  std::mutex mu;  // guards the five below
+  std::mutex mu;  // guards the six below
   std::condition_variable cv;
   enum class Phase { kCreating, kCreated, kGo, kRegistered, kFailed, kStop } phase = Phase::kCreating;
   std::string error;
-  std::vector<Entry*> inbox;  // answered on other threads, to commit here
-  bool closed = false;        // the ring is gone: answers are dropped
+  std::vector<Entry*> inbox;    // its own, answered on other threads, to commit here
+  std::vector<Entry*> adopted;  // held elsewhere, answered, to commit here
+  bool closed = false;          // the ring is gone: answers are dropped
 
   ~Ring() {
     if (wake_fd >= 0) ::close(wake_fd);
@@ -200,7 +217,6 @@ struct SessionTransport::Ring {
 };
 
 struct SessionTransport::Nudger {
-  int qid = 0;
   std::mutex mu;  // guards all below
   std::condition_variable cv;
   std::uint64_t asked = 0;   // nudges asked for, ever
@@ -208,6 +224,19 @@ struct SessionTransport::Nudger {
   int idle = 0;              // nudgers waiting on cv
   bool stop = false;
   std::vector<std::thread> threads;
+};
+
+// One per possible CPU, as the kernel's queues.
+struct SessionTransport::Queue {
+  int qid = 0;
+  std::atomic<std::size_t> out{0};  // requests its entries hold (handled or held)
+  std::mutex mu;                    // guards the five below
+  std::size_t nonheld = 0;          // entries not held: waiting, or being handled
+  std::size_t entries = 0;          // entries registered and not ended
+  std::vector<Ring*> spares;        // rings with no entry that is not held
+  std::vector<std::unique_ptr<Ring>> spawned;  // rings made by Adopt
+  bool closed = false;              // Stop: no more rings
+  Nudger nudger;
 };
 
 namespace {
@@ -249,7 +278,7 @@ void PrepCmd(io_uring_sqe* sqe, int fd, std::uint32_t op, SessionTransport::Entr
 
 bool SessionTransport::MayHold() {
   // `out` counts the request being handled too.
-  return tls_ring == nullptr || tls_ring->queue_out->load() <= kMaxHeldPerQueue;
+  return tls_ring == nullptr || tls_ring->queue->out.load() <= kMaxHeldPerQueue;
 }
 
 SessionTransport::SessionTransport(TransportOptions options) : options_(std::move(options)) {}
@@ -258,8 +287,8 @@ SessionTransport::~SessionTransport() {
   Stop();
   if (waker_.joinable()) waker_.join();
   // After the unmount: it ends the nudges still queued in the kernel.
-  for (auto& n : nudgers_) {
-    for (auto& t : n->threads) if (t.joinable()) t.join();
+  for (auto& q : queues_) {
+    for (auto& t : q->nudger.threads) if (t.joinable()) t.join();
   }
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
@@ -305,20 +334,15 @@ ssize_t SessionTransport::Writev(int fd, struct iovec* iov, int count) {
       std::memcpy(e->header.in_out, &out, sizeof(out));
       e->header.ent_in_out.payload_sz = static_cast<std::uint32_t>(total);
       Ring* r = e->ring;
-      if (tls_ring == r) {
+      const int was = e->state.exchange(kAnswered);
+      if (was == kHeld) {
+        Adopt(e, fd);
+      } else if (tls_ring == r) {
         PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
-        --r->out;
-        r->queue_out->fetch_sub(1);
+        r->queue->out.fetch_sub(1);
       } else {
-        bool wake = false;
-        {
-          std::lock_guard lock(r->mu);
-          if (!r->closed) {
-            wake = r->inbox.empty();
-            r->inbox.push_back(e);
-          }
-        }
-        if (wake) eventfd_write(r->wake_fd, 1);
+        // Answered while its handler still runs: committed when it returns.
+        Deliver(r, &Ring::inbox, e);
       }
       return static_cast<ssize_t>(sizeof(out) + total);
     }
@@ -387,10 +411,12 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
                        UringParameter() + ")";
     } else {
       // Registration: every ring's thread registers its entries.
-      const std::size_t payload = init_.uring_payload_size();
+      payload_size_ = init_.uring_payload_size();
       for (auto& r : rings_) {
-        r->payload_size = payload;
+        r->payload_size = payload_size_;
         for (std::size_t i = 0; i < kIdleEntries; ++i) NewEntry(r.get());
+        r->queue->nonheld += kIdleEntries;
+        r->queue->entries += kIdleEntries;
       }
       // Answers are matched to entries from now on: a ring may take its
       // first request as soon as every queue has registered, before this
@@ -437,89 +463,18 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
 
 bool SessionTransport::StartUring(std::string* error) {
   nqueues_ = PossibleCpus();
-  queue_out_ = std::make_unique<std::atomic<std::size_t>[]>(static_cast<std::size_t>(nqueues_));
-  for (int q = 0; q < nqueues_; ++q) {
-    nudgers_.push_back(std::make_unique<Nudger>());
-    nudgers_.back()->qid = q;
-  }
   const int fd = fuse_session_fd(se_);
   for (int q = 0; q < nqueues_; ++q) {
+    queues_.push_back(std::make_unique<Queue>());
+    Queue* queue = queues_.back().get();
+    queue->qid = q;
     for (int t = 0; t < options_.threads_per_queue; ++t) {
       auto r = std::make_unique<Ring>();
       r->qid = q;
-      r->queue_out = &queue_out_[static_cast<std::size_t>(q)];
+      r->queue = queue;
       Ring* rp = r.get();
       rings_.push_back(std::move(r));
-      rp->thread = std::thread([this, rp, fd] {
-        if (options_.pin_threads) {
-          cpu_set_t set;
-          CPU_ZERO(&set);
-          CPU_SET(rp->qid, &set);
-          sched_setaffinity(0, sizeof(set), &set);  // best effort: a CPU may be offline
-        }
-        const unsigned depth = static_cast<unsigned>(kIdleEntries) + 2;
-        io_uring_params params{};
-        // Not IORING_SETUP_COOP_TASKRUN: the kernel completes an entry by
-        // task work on this thread, and with that hint it only flags the
-        // task (TWA_SIGNAL_NO_IPI) without waking it from io_uring_enter:
-        // requests sat unanswered until a signal came (seen in mount tests).
-        params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER;
-        int rc = io_uring_queue_init_params(depth, &rp->ring, &params);
-        if (rc == -EINVAL) {  // a kernel without SINGLE_ISSUER
-          params = io_uring_params{};
-          params.flags = IORING_SETUP_SQE128;
-          rc = io_uring_queue_init_params(depth, &rp->ring, &params);
-        }
-        rp->wake_fd = rc == 0 ? eventfd(0, EFD_CLOEXEC) : -1;
-        if (rc != 0 || rp->wake_fd < 0) {
-          if (rc == 0) io_uring_queue_exit(&rp->ring);
-          SetPhase(rp, Ring::Phase::kFailed,
-                   std::string("io_uring_queue_init: ") + std::strerror(rc != 0 ? -rc : errno));
-          return;
-        }
-        rp->ring_ok = true;
-        tls_ring = rp;
-        {
-          std::unique_lock lock(rp->mu);
-          rp->phase = Ring::Phase::kCreated;
-          rp->cv.notify_all();
-          rp->cv.wait(lock, [&] { return rp->phase == Ring::Phase::kGo || rp->phase == Ring::Phase::kStop; });
-          if (rp->phase == Ring::Phase::kStop) {
-            rp->closed = true;
-            lock.unlock();
-            io_uring_queue_exit(&rp->ring);
-            return;
-          }
-        }
-        for (auto& e : rp->entries) PrepCmd(Sqe(&rp->ring), fd, kCmdRegister, e.get(), rp->qid);
-        rp->live = rp->entries.size();
-        io_uring_sqe* wake = Sqe(&rp->ring);
-        io_uring_prep_read(wake, rp->wake_fd, &rp->wake_buf, sizeof(rp->wake_buf), 0);
-        io_uring_sqe_set_data64(wake, kWakeTag);
-        io_uring_submit(&rp->ring);
-        // A refused registration completes at once; an accepted one only
-        // when a request comes.
-        io_uring_cqe* cqe = nullptr;
-        std::string refused;
-        while (io_uring_peek_cqe(&rp->ring, &cqe) == 0) {
-          if (cqe->user_data != kWakeTag && cqe->res < 0 && refused.empty()) {
-            refused = std::strerror(-cqe->res);
-            static_cast<Entry*>(io_uring_cqe_get_data(cqe))->dead = true;
-          }
-          if (cqe->res >= 0 && cqe->user_data != kWakeTag) break;  // a request: the loop's
-          io_uring_cqe_seen(&rp->ring, cqe);
-        }
-        SetPhase(rp, refused.empty() ? Ring::Phase::kRegistered : Ring::Phase::kFailed, refused);
-        if (!refused.empty()) {
-          {
-            std::lock_guard lock(rp->mu);
-            rp->closed = true;
-          }
-          io_uring_queue_exit(&rp->ring);
-          return;
-        }
-        RunRing(rp, fd);
-      });
+      rp->thread = std::thread([this, rp, fd] { RingMain(rp, fd); });
     }
   }
   std::string failed;
@@ -533,6 +488,87 @@ bool SessionTransport::StartUring(std::string* error) {
     return false;
   }
   return true;
+}
+
+void SessionTransport::RingMain(Ring* rp, int fd) {
+  if (options_.pin_threads) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(rp->qid, &set);
+    sched_setaffinity(0, sizeof(set), &set);  // best effort: a CPU may be offline
+  }
+  const unsigned depth = static_cast<unsigned>(kIdleEntries) + 2;
+  io_uring_params params{};
+  // Not IORING_SETUP_COOP_TASKRUN: the kernel completes an entry by
+  // task work on this thread, and with that hint it only flags the
+  // task (TWA_SIGNAL_NO_IPI) without waking it from io_uring_enter:
+  // requests sat unanswered until a signal came (seen in mount tests).
+  params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER;
+  int rc = io_uring_queue_init_params(depth, &rp->ring, &params);
+  if (rc == -EINVAL) {  // a kernel without SINGLE_ISSUER
+    params = io_uring_params{};
+    params.flags = IORING_SETUP_SQE128;
+    rc = io_uring_queue_init_params(depth, &rp->ring, &params);
+  }
+  rp->wake_fd = rc == 0 ? eventfd(0, EFD_CLOEXEC) : -1;
+  if (rc != 0 || rp->wake_fd < 0) {
+    if (rc == 0) io_uring_queue_exit(&rp->ring);
+    std::lock_guard lock(rp->mu);
+    rp->closed = true;
+    if (rp->phase != Ring::Phase::kStop) rp->phase = Ring::Phase::kFailed;
+    rp->error = std::string("io_uring_queue_init: ") + std::strerror(rc != 0 ? -rc : errno);
+    rp->cv.notify_all();
+    return;
+  }
+  tls_ring = rp;
+  {
+    std::unique_lock lock(rp->mu);
+    rp->ring_ok = true;
+    if (rp->phase != Ring::Phase::kStop) {
+      rp->phase = Ring::Phase::kCreated;
+      rp->cv.notify_all();
+    }
+    // A spare has nothing to register: it serves as soon as it is made.
+    if (!rp->spare_born) {
+      rp->cv.wait(lock, [&] { return rp->phase == Ring::Phase::kGo || rp->phase == Ring::Phase::kStop; });
+    }
+    if (rp->phase == Ring::Phase::kStop) {
+      rp->closed = true;
+      lock.unlock();
+      io_uring_queue_exit(&rp->ring);
+      return;
+    }
+  }
+  for (auto& e : rp->entries) PrepCmd(Sqe(&rp->ring), fd, kCmdRegister, e.get(), rp->qid);
+  rp->live = rp->entries.size();
+  io_uring_sqe* wake = Sqe(&rp->ring);
+  io_uring_prep_read(wake, rp->wake_fd, &rp->wake_buf, sizeof(rp->wake_buf), 0);
+  io_uring_sqe_set_data64(wake, kWakeTag);
+  io_uring_submit(&rp->ring);
+  if (!rp->spare_born) {
+    // A refused registration completes at once; an accepted one only
+    // when a request comes.
+    io_uring_cqe* cqe = nullptr;
+    std::string refused;
+    while (io_uring_peek_cqe(&rp->ring, &cqe) == 0) {
+      if (cqe->user_data != kWakeTag && cqe->res < 0 && refused.empty()) {
+        refused = std::strerror(-cqe->res);
+        static_cast<Entry*>(io_uring_cqe_get_data(cqe))->dead = true;
+      }
+      if (cqe->res >= 0 && cqe->user_data != kWakeTag) break;  // a request: the loop's
+      io_uring_cqe_seen(&rp->ring, cqe);
+    }
+    SetPhase(rp, refused.empty() ? Ring::Phase::kRegistered : Ring::Phase::kFailed, refused);
+    if (!refused.empty()) {
+      {
+        std::lock_guard lock(rp->mu);
+        rp->closed = true;
+      }
+      io_uring_queue_exit(&rp->ring);
+      return;
+    }
+  }
+  RunRing(rp, fd);
 }
 
 SessionTransport::Entry* SessionTransport::NewEntry(Ring* r) {
@@ -554,22 +590,8 @@ SessionTransport::Entry* SessionTransport::NewEntry(Ring* r) {
 
 void SessionTransport::RunRing(Ring* r, int fd) {
   for (auto& e : r->entries) r->live -= e->dead ? 1 : 0;
-  bool stop = r->live == 0;
+  bool stop = false;
   while (!stop) {
-    // An answer that waits (a lookup behind a restore) keeps its entry, and
-    // the kernel sends a queue's requests only to entries it holds: keep
-    // some waiting there, so that held answers never stall the others.
-    bool registered = false;
-    while (r->live - r->out < kIdleEntries && r->entries.size() < kMaxEntriesPerRing) {
-      PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
-      ++r->live;
-      registered = true;
-    }
-    if (registered) {
-      // The new entry waits in the kernel before the nudge's request comes.
-      io_uring_submit(&r->ring);
-      Nudge(r->qid);
-    }
     int rc = io_uring_submit_and_wait(&r->ring, 1);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
       spdlog::error("vfs: io_uring queue {} stopped: {}", r->qid, std::strerror(-rc));
@@ -581,15 +603,17 @@ void SessionTransport::RunRing(Ring* r, int fd) {
       const int res = cqe->res;
       io_uring_cqe_seen(&r->ring, cqe);
       if (tag == kWakeTag) {
-        std::vector<Entry*> inbox;
+        std::vector<Entry*> inbox, adopted;
         {
           std::lock_guard lock(r->mu);
           inbox.swap(r->inbox);
+          adopted.swap(r->adopted);
           stop = stop || r->phase == Ring::Phase::kStop;
         }
+        r->live += adopted.size();
         for (Entry* e : inbox) PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
-        r->out -= inbox.size();
-        r->queue_out->fetch_sub(inbox.size());
+        for (Entry* e : adopted) PrepCmd(Sqe(&r->ring), fd, kCmdCommitAndFetch, e, r->qid);
+        r->queue->out -= inbox.size() + adopted.size();
         io_uring_sqe* wake = Sqe(&r->ring);
         io_uring_prep_read(wake, r->wake_fd, &r->wake_buf, sizeof(r->wake_buf), 0);
         io_uring_sqe_set_data64(wake, kWakeTag);
@@ -600,15 +624,22 @@ void SessionTransport::RunRing(Ring* r, int fd) {
         // The connection ended (-ENOTCONN) or the ring is going: this entry
         // takes no more requests.
         e->dead = true;
-        if (--r->live == 0) stop = true;
+        {
+          std::lock_guard lock(r->queue->mu);
+          --r->queue->nonheld;
+          --r->queue->entries;
+        }
+        if (r->live.fetch_sub(1) == 1) stop = true;
         if (!stopping_.load() && res != -ENOTCONN) {
           spdlog::warn("vfs: io_uring queue {} lost an entry: {}", r->qid, std::strerror(-res));
         }
         continue;
       }
-      ++r->out;
-      r->queue_out->fetch_add(1);
+      e->state.store(kInProcess);
+      r->queue->out.fetch_add(1);
       Process(e, fd);
+      int handled = kInProcess;
+      if (e->state.compare_exchange_strong(handled, kHeld)) Held(r, fd);
     }
   }
   {
@@ -618,6 +649,96 @@ void SessionTransport::RunRing(Ring* r, int fd) {
   // Answers committed since the last submission still reach the kernel.
   io_uring_submit(&r->ring);
   io_uring_queue_exit(&r->ring);
+}
+
+void SessionTransport::Held(Ring* r, int fd) {
+  Queue* q = r->queue;
+  bool add;
+  {
+    std::lock_guard lock(q->mu);
+    --q->nonheld;
+    add = q->nonheld < static_cast<std::size_t>(options_.threads_per_queue) * kIdleEntries && !q->closed &&
+          q->entries < static_cast<std::size_t>(options_.threads_per_queue) * kIdleEntries + kMaxHeldPerQueue + 1;
+    if (add) {
+      ++q->nonheld;
+      ++q->entries;
+    } else {
+      q->spares.push_back(r);
+    }
+  }
+  if (add) {
+    PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
+    ++r->live;
+    // The new entry waits in the kernel before the nudge's request comes.
+    io_uring_submit(&r->ring);
+  }
+  Nudge(q);
+}
+
+void SessionTransport::Adopt(Entry* e, int fd) {
+  Ring* from = e->ring;
+  Queue* q = from->queue;
+  Ring* to = nullptr;
+  {
+    std::lock_guard lock(q->mu);
+    ++q->nonheld;
+    if (!q->spares.empty()) {
+      to = q->spares.back();
+      q->spares.pop_back();
+    }
+  }
+  if (to == nullptr) to = Spawn(q, fd);
+  if (to == nullptr || to == from) {
+    // Back to its own ring (the spare, or no ring could be made): there its
+    // requests may wait for that ring's next slow call.
+    Deliver(from, &Ring::inbox, e);
+    return;
+  }
+  --from->live;
+  e->ring = to;
+  Deliver(to, &Ring::adopted, e);
+}
+
+SessionTransport::Ring* SessionTransport::Spawn(Queue* q, int fd) {
+  Ring* rp = nullptr;
+  {
+    std::lock_guard lock(q->mu);
+    if (q->closed || q->spawned.size() >= kMaxSparesPerQueue) return nullptr;
+    auto r = std::make_unique<Ring>();
+    r->qid = q->qid;
+    r->queue = q;
+    r->spare_born = true;
+    r->payload_size = payload_size_;
+    rp = r.get();
+    try {
+      rp->thread = std::thread([this, rp, fd] { RingMain(rp, fd); });
+    } catch (const std::system_error& err) {
+      spdlog::warn("vfs: io_uring queue {} could not start a ring thread: {}", q->qid, err.what());
+      return nullptr;
+    }
+    q->spawned.push_back(std::move(r));
+  }
+  std::unique_lock lock(rp->mu);
+  rp->cv.wait(lock, [&] { return rp->phase != Ring::Phase::kCreating; });
+  if (rp->phase != Ring::Phase::kCreated) {
+    if (rp->phase == Ring::Phase::kFailed) {
+      spdlog::warn("vfs: io_uring queue {} could not make a ring: {}", q->qid, rp->error);
+    }
+    return nullptr;
+  }
+  return rp;
+}
+
+void SessionTransport::Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e) {
+  bool wake = false;
+  {
+    std::lock_guard lock(r->mu);
+    if (!r->closed) {
+      wake = r->inbox.empty() && r->adopted.empty();
+      (r->*box).push_back(e);
+    }
+  }
+  if (wake) eventfd_write(r->wake_fd, 1);
 }
 
 void SessionTransport::Process(Entry* e, int fd) {
@@ -650,9 +771,9 @@ void SessionTransport::Process(Entry* e, int fd) {
   fuse_session_process_buf(se_, &buf);
 }
 
-void SessionTransport::Nudge(int qid) {
+void SessionTransport::Nudge(Queue* q) {
   if (!options_.nudge) return;
-  Nudger* n = nudgers_[static_cast<std::size_t>(qid)].get();
+  Nudger* n = &q->nudger;
   std::lock_guard lock(n->mu);
   if (n->stop) return;
   ++n->asked;
@@ -660,20 +781,21 @@ void SessionTransport::Nudge(int qid) {
     n->cv.notify_one();
   } else if (n->threads.size() < kMaxNudgersPerQueue) {
     try {
-      n->threads.emplace_back([this, n] { RunNudger(n); });
+      n->threads.emplace_back([this, q] { RunNudger(q); });
     } catch (const std::system_error& e) {
       // The nudge waits for a nudger to come back (or, with none, for a
       // held answer to go): serving goes on.
-      spdlog::warn("vfs: io_uring queue {} could not start a nudger: {}", n->qid, e.what());
+      spdlog::warn("vfs: io_uring queue {} could not start a nudger: {}", q->qid, e.what());
     }
   }
 }
 
-void SessionTransport::RunNudger(Nudger* n) {
+void SessionTransport::RunNudger(Queue* q) {
+  Nudger* n = &q->nudger;
   // The kernel queues a request on the queue of the CPU it was made on.
   cpu_set_t set;
   CPU_ZERO(&set);
-  CPU_SET(n->qid, &set);
+  CPU_SET(q->qid, &set);
   sched_setaffinity(0, sizeof(set), &set);
   std::unique_lock lock(n->mu);
   for (;;) {
@@ -759,14 +881,23 @@ void SessionTransport::Stop() {
   started_ = false;
   stopping_ = true;
   if (se_ != nullptr) fuse_session_exit(se_);
-  for (auto& n : nudgers_) {
-    std::lock_guard lock(n->mu);
-    n->stop = true;
-    n->cv.notify_all();
+  // Every ring: those made at Start and the spares made since (no more
+  // are made once a queue is closed).
+  std::vector<Ring*> rings;
+  for (auto& r : rings_) rings.push_back(r.get());
+  for (auto& q : queues_) {
+    {
+      std::lock_guard lock(q->mu);
+      q->closed = true;
+      for (auto& r : q->spawned) rings.push_back(r.get());
+    }
+    std::lock_guard lock(q->nudger.mu);
+    q->nudger.stop = true;
+    q->nudger.cv.notify_all();
   }
   if (uring_.load()) {
     eventfd_write(stop_fd_, 1);
-    for (auto& r : rings_) {
+    for (Ring* r : rings) {
       bool running;
       {
         std::lock_guard lock(r->mu);
@@ -776,7 +907,7 @@ void SessionTransport::Stop() {
       }
       if (running) eventfd_write(r->wake_fd, 1);
     }
-    for (auto& r : rings_) if (r->thread.joinable()) r->thread.join();
+    for (Ring* r : rings) if (r->thread.joinable()) r->thread.join();
     for (auto& t : dev_threads_) if (t.joinable()) t.join();
   } else if (!dev_threads_.empty()) {
     // libfuse's readers block in read(): one more request wakes one, which

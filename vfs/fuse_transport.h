@@ -140,18 +140,24 @@ class SessionTransport {
   struct Ring;
   struct Entry;
   struct Nudger;
+  struct Queue;
 
  private:
   bool StartUring(std::string* error);
   void StartDevLoop();
   void StartDevReaders();
   void DevReader(int stop_fd);
+  void RingMain(Ring* r, int fd);
   void RunRing(Ring* r, int fd);
   void Process(Entry* e, int fd);
+  void Held(Ring* r, int fd);
+  void Adopt(Entry* e, int fd);
+  Ring* Spawn(Queue* q, int fd);
+  static void Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e);
   static Entry* NewEntry(Ring* r);
   void SessionEnded();
-  void Nudge(int qid);
-  void RunNudger(Nudger* n);
+  void Nudge(Queue* q);
+  void RunNudger(Queue* q);
 
   TransportOptions options_;
   fuse_session* se_ = nullptr;
@@ -163,8 +169,8 @@ class SessionTransport {
   std::mutex owed_mu_;  // guards owed_; taken alone
   std::unordered_map<std::uint64_t, Entry*> owed_;  // request unique -> its entry, until answered
   int nqueues_ = 0;
-  std::unique_ptr<std::atomic<std::size_t>[]> queue_out_;  // per queue: requests its entries hold
-  std::vector<std::unique_ptr<Nudger>> nudgers_;            // per queue
+  std::size_t payload_size_ = 0;  // of every entry's payload
+  std::vector<std::unique_ptr<Queue>> queues_;
   std::vector<std::thread> dev_threads_;
   std::thread waker_;
   int stop_fd_ = -1;

@@ -31,12 +31,14 @@
 // requests are served from /dev/fuse and why() says why. Transport::kIoUring
 // turns each of those into a failed Start.
 //
-// Held answers and the kernel's queue: the kernel hands a request to an
-// entry waiting on the requesting CPU's queue, or, with none waiting, queues
-// it, and only a commit takes a queued request. A held answer commits
-// nothing until its restore ends, so each time a ring registers an entry in
-// place of a held one, a nudger of that CPU makes one request that is
-// answered at once (options.nudge), whose commit takes the next queued one.
+// Held answers and the kernel's queue: an answer held for long (a lookup
+// behind a restore) keeps its entry, and the kernel hands out a queued
+// request only with a commit. So a ring that holds registers another entry
+// (while its queue has fewer than threads_per_queue not held) or becomes a
+// spare; the held answer is committed on a spare ring (made when none is
+// free), so no ring has more than one entry that is not held; and a nudger
+// of that CPU makes one request answered at once (options.nudge), whose
+// commit takes the next queued request. The .cc says why each is needed.
 //
 // Thread-safety: Start and Stop from one thread; name(), why() and queues()
 // after Start from any thread; the I/O hooks from libfuse's threads.

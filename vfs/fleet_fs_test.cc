@@ -126,6 +126,7 @@ class FleetFsTest : public ::testing::Test {
   }
 
   virtual TenantHooks* Hooks() { return nullptr; }
+  void StatsFromCpu0AllAnsweredBehindAHeldWrite(int fd);
   virtual int MaxThreads() { return 10; }
 
   void TearDown() override {
@@ -665,6 +666,35 @@ void PinTo(int cpu) {
   ::sched_setaffinity(0, sizeof(set), &set);
 }
 
+// Holds a write to `fd` inside the mount, from CPU 0, and expects 8 stats
+// from CPU 0 each answered meanwhile; closes `fd`.
+void FleetFsTest::StatsFromCpu0AllAnsweredBehindAHeldWrite(int fd) {
+  hold_writes_ = true;
+  std::thread writer([&] {
+    PinTo(0);
+    (void)::pwrite(fd, "held", 4, 0);
+  });
+  ASSERT_TRUE(WaitHeld());
+  int late = 0;
+  std::vector<std::future<int>> left;
+  for (int i = 0; i < 8; ++i) {
+    auto stat_one = std::async(std::launch::async, [path = Mounted("other") + std::to_string(i)] {
+      PinTo(0);
+      struct stat st;
+      return ::stat(path.c_str(), &st);
+    });
+    if (stat_one.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ++late;
+      left.push_back(std::move(stat_one));  // answered after the release
+    }
+  }
+  hold_writes_ = false;
+  writer.join();
+  for (auto& f : left) f.wait();
+  ::close(fd);
+  EXPECT_EQ(late, 0) << late << " of 8 stats from the held write's CPU waited for it";
+}
+
 // True while thread `tid` of this process sleeps in a system call (not
 // while it runs or spins).
 bool SleepsInSyscall(pid_t tid) {
@@ -763,30 +793,7 @@ TEST_F(FleetFsTest, one_slow_request_does_not_hold_up_others_from_its_cpu) {
   PinTo(0);
   int fd = ::open(Mounted("slowone").c_str(), O_CREAT | O_RDWR, 0644);
   ASSERT_GE(fd, 0) << std::strerror(errno);
-  hold_writes_ = true;
-  std::thread writer([&] {
-    PinTo(0);
-    (void)::pwrite(fd, "held", 4, 0);
-  });
-  ASSERT_TRUE(WaitHeld());
-  int late = 0;
-  std::vector<std::future<int>> left;
-  for (int i = 0; i < 8; ++i) {
-    auto stat_one = std::async(std::launch::async, [path = Mounted("other") + std::to_string(i)] {
-      PinTo(0);
-      struct stat st;
-      return ::stat(path.c_str(), &st);
-    });
-    if (stat_one.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-      ++late;
-      left.push_back(std::move(stat_one));  // answered after the release
-    }
-  }
-  hold_writes_ = false;
-  writer.join();
-  for (auto& f : left) f.wait();
-  ::close(fd);
-  EXPECT_EQ(late, 0) << late << " of 8 stats from the held write's CPU waited for it";
+  StatsFromCpu0AllAnsweredBehindAHeldWrite(fd);
 }
 
 // On io_uring a held lookup's entry waits again once its answer goes, and
@@ -814,30 +821,7 @@ TEST_F(FleetFsHooksTest, after_lookups_held_one_by_one_a_slow_request_holds_up_n
   PinTo(0);
   int fd = ::open(Mounted("busyone").c_str(), O_CREAT | O_RDWR, 0644);
   ASSERT_GE(fd, 0) << std::strerror(errno);
-  hold_writes_ = true;
-  std::thread writer([&] {
-    PinTo(0);
-    (void)::pwrite(fd, "held", 4, 0);
-  });
-  ASSERT_TRUE(WaitHeld());
-  int late = 0;
-  std::vector<std::future<int>> left;
-  for (int i = 0; i < 8; ++i) {
-    auto stat_one = std::async(std::launch::async, [path = Mounted("other") + std::to_string(i)] {
-      PinTo(0);
-      struct stat st;
-      return ::stat(path.c_str(), &st);
-    });
-    if (stat_one.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-      ++late;
-      left.push_back(std::move(stat_one));  // answered after the release
-    }
-  }
-  hold_writes_ = false;
-  writer.join();
-  for (auto& f : left) f.wait();
-  ::close(fd);
-  EXPECT_EQ(late, 0) << late << " of 8 stats from the held write's CPU waited for it";
+  StatsFromCpu0AllAnsweredBehindAHeldWrite(fd);
 }
 
 // Many users' lookups waiting for restores, all from one CPU: on io_uring

@@ -624,15 +624,19 @@ void SessionTransport::RunRing(Ring* r, int fd) {
         // The connection ended (-ENOTCONN) or the ring is going: this entry
         // takes no more requests.
         e->dead = true;
+        // A refused commit, the connection still up: another entry keeps
+        // this thread serving.
+        const bool lost = !stopping_.load() && res != -ENOTCONN;
+        bool add = false;
         {
           std::lock_guard lock(r->queue->mu);
           --r->queue->nonheld;
           --r->queue->entries;
+          add = lost && ReserveEntry(r->queue);
         }
+        if (lost) spdlog::warn("vfs: io_uring queue {} lost an entry: {}", r->qid, std::strerror(-res));
+        if (add) RegisterEntry(r, fd);
         if (r->live.fetch_sub(1) == 1) stop = true;
-        if (!stopping_.load() && res != -ENOTCONN) {
-          spdlog::warn("vfs: io_uring queue {} lost an entry: {}", r->qid, std::strerror(-res));
-        }
         continue;
       }
       e->state.store(kInProcess);
@@ -651,27 +655,31 @@ void SessionTransport::RunRing(Ring* r, int fd) {
   io_uring_queue_exit(&r->ring);
 }
 
+bool SessionTransport::ReserveEntry(Queue* q) const {
+  const std::size_t base = static_cast<std::size_t>(options_.threads_per_queue) * kIdleEntries;
+  if (q->closed || q->nonheld >= base || q->entries >= base + kMaxHeldPerQueue + 1) return false;
+  ++q->nonheld;
+  ++q->entries;
+  return true;
+}
+
+void SessionTransport::RegisterEntry(Ring* r, int fd) {
+  PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
+  ++r->live;
+  // The new entry waits in the kernel before a nudge's request comes.
+  io_uring_submit(&r->ring);
+}
+
 void SessionTransport::Held(Ring* r, int fd) {
   Queue* q = r->queue;
   bool add;
   {
     std::lock_guard lock(q->mu);
     --q->nonheld;
-    add = q->nonheld < static_cast<std::size_t>(options_.threads_per_queue) * kIdleEntries && !q->closed &&
-          q->entries < static_cast<std::size_t>(options_.threads_per_queue) * kIdleEntries + kMaxHeldPerQueue + 1;
-    if (add) {
-      ++q->nonheld;
-      ++q->entries;
-    } else {
-      q->spares.push_back(r);
-    }
+    add = ReserveEntry(q);
+    if (!add) q->spares.push_back(r);
   }
-  if (add) {
-    PrepCmd(Sqe(&r->ring), fd, kCmdRegister, NewEntry(r), r->qid);
-    ++r->live;
-    // The new entry waits in the kernel before the nudge's request comes.
-    io_uring_submit(&r->ring);
-  }
+  if (add) RegisterEntry(r, fd);
   Nudge(q);
 }
 

@@ -153,6 +153,8 @@ class SessionTransport {
   void RunRing(Ring* r, int fd);
   void Process(Entry* e, int fd);
   void Held(Ring* r, int fd);
+  bool ReserveEntry(Queue* q) const;  // q->mu held
+  void RegisterEntry(Ring* r, int fd);
   void Adopt(Entry* e, int fd);
   Ring* Spawn(Queue* q, int fd);
   static void Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e);

@@ -583,7 +583,16 @@ int PrintStatus(Json doc, std::ostream& out) {
       << '\n';
   out << "agent pid " << doc["pid"].get<int>() << " " << doc["phase"].get<std::string>()
       << "   backing " << doc["backing"].get<std::string>() << "   admin "
-      << doc["admin"].get<std::string>() << "   open files " << doc["open_files"].get<int>()
+      << doc["admin"].get<std::string>() << "   open files " << doc["open_files"].get<int>();
+  // Which FUSE transport serves, and why not io_uring when auto fell back
+  // (an older agent has no such key).
+  if (!doc.value("transport", std::string()).empty()) {
+    out << "   transport " << Printable(doc["transport"].get<std::string>());
+    if (!doc.value("transport_why", std::string()).empty()) {
+      out << " (" << Printable(doc["transport_why"].get<std::string>()) << ")";
+    }
+  }
+  out
       << "   health " << (doc["health"]["ok"].get<bool>() ? "ok" : "FAILING: ")
       << (doc["health"]["ok"].get<bool>() ? "" : Printable(doc["health"]["reason"].get<std::string>().substr(0, doc["health"]["reason"].get<std::string>().size() - 1)))
       << "\n";

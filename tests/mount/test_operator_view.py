@@ -40,6 +40,7 @@ class OperatorView(MountTest):
         self.assertEqual(lines["8192-16383"][4], "0")
         doc = json.loads(fleetfs("status", a.mount, "--json").stdout)
         self.assertEqual([r["state"] for r in doc["ranges"]], ["serving", "serving"])
+        self.assertIn("   transport " + doc["transport"], table.stdout)
         self.assertEqual(a.http("/health"), (200, "ok\n"))
         status, body = a.http("/status")
         self.assertEqual(status, 200)

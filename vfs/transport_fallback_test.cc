@@ -3,6 +3,7 @@
 // It switches the kernel's `enable_uring` off, which every mount of the
 // machine sees: ctest runs it alone (RUN_SERIAL), and it switches it back on.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +80,77 @@ TEST_F(TransportFallbackTest, io_uring_asked_for_refuses_to_mount_and_says_why) 
   std::ifstream mounts("/proc/mounts");
   std::string all((std::istreambuf_iterator<char>(mounts)), {});
   EXPECT_EQ(all.find((root_ / "mnt").string()), std::string::npos);
+}
+
+// Moves this process into a cpuset of every online CPU but CPU 0 (a new
+// cgroup: v1's cpuset hierarchy, or v2's), and back out when destroyed.
+class WithoutCpu0 {
+ public:
+  WithoutCpu0() {
+    const std::string pid = std::to_string(::getpid());
+    std::string online;
+    std::getline(std::ifstream("/sys/devices/system/cpu/online"), online);
+    const int last = std::stoi(online.substr(online.rfind('-') == std::string::npos ? 0 : online.rfind('-') + 1));
+    if (online.rfind("0-", 0) != 0 || last < 1) {
+      error_ = "needs CPUs 0-N online, N >= 1; online: " + online;
+      return;
+    }
+    const std::string cpus = last == 1 ? "1" : "1-" + std::to_string(last);
+    if (std::filesystem::exists("/sys/fs/cgroup/cpuset/cgroup.procs")) {
+      parent_ = "/sys/fs/cgroup/cpuset";
+      dir_ = parent_ + "/fleetfs-test-" + pid;
+      std::filesystem::create_directory(dir_);
+      std::string mems;
+      std::getline(std::ifstream(parent_ + "/cpuset.mems"), mems);
+      std::ofstream(dir_ + "/cpuset.mems") << mems;
+    } else if (std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")) {
+      parent_ = "/sys/fs/cgroup";
+      std::ofstream(parent_ + "/cgroup.subtree_control") << "+cpuset";
+      dir_ = parent_ + "/fleetfs-test-" + pid;
+      std::filesystem::create_directory(dir_);
+    } else {
+      error_ = "no cgroup cpuset controller (v1 or v2) here";
+      return;
+    }
+    std::ofstream(dir_ + "/cpuset.cpus") << cpus;
+    std::ofstream(dir_ + "/cgroup.procs") << pid << std::endl;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) == 0) error_ = "the cpuset did not take CPU 0 away";
+  }
+  ~WithoutCpu0() {
+    if (dir_.empty()) return;
+    std::ofstream(parent_ + "/cgroup.procs") << ::getpid() << std::endl;
+    ::rmdir(dir_.c_str());
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string parent_, dir_, error_;
+};
+
+// Each CPU's queue takes requests queued behind held lookups only with a
+// request made on that CPU (a nudge): an agent whose cpuset leaves a CPU out
+// cannot, so `auto` serves on /dev/fuse and says why (found by review: a
+// confined agent's nudges went to another CPU's queue, and lookups waited
+// for a restore), and `io_uring` refuses to mount.
+TEST_F(TransportFallbackTest, an_agent_that_may_not_run_on_every_cpu_does_not_serve_on_io_uring) {
+  std::ofstream(kParameter) << "Y";
+  WithoutCpu0 confined;
+  ASSERT_EQ(confined.error(), "");
+  auto fs = MountWith(Transport::kAuto);
+  ASSERT_TRUE(fs.ok()) << fs.status().message();
+  EXPECT_EQ((*fs)->TransportName(), "/dev/fuse");
+  EXPECT_NE((*fs)->TransportWhy().find("may not run on CPU 0"), std::string::npos)
+      << (*fs)->TransportWhy();
+  struct stat st;
+  EXPECT_EQ(::stat((root_ / "mnt").c_str(), &st), 0) << "the fallback serves";
+  (*fs)->Unmount();
+  auto strict = MountWith(Transport::kIoUring);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("may not run on CPU 0"), std::string::npos)
+      << strict.status().message();
 }
 
 }  // namespace

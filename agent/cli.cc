@@ -729,7 +729,9 @@ io_uring needs a kernel built with FUSE over io_uring (CONFIG_FUSE_IO_URING,
 Linux 6.14 and later) and the fuse module's parameter enable_uring on, which
 is off by default; as root:
   echo Y > /sys/module/fuse/parameters/enable_uring
-(or fuse.enable_uring=1 on the kernel command line). Fencing, visibility and
+(or fuse.enable_uring=1 on the kernel command line), and an agent allowed to
+run on every online CPU (its cpuset): each CPU's requests are served by
+threads on that CPU. Fencing, visibility and
 every error applications see are the same on both. The status document and
 /status name the transport in use ("transport": "io_uring" or "/dev/fuse")
 and, when auto fell back, why ("transport_why").

@@ -69,25 +69,33 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the inbox eventfd's read
 // ring that held registers another while the queue has fewer, else it
 // becomes a spare, with no entry. When the held answer comes, its commit
 // (which leaves the entry waiting) is made on a spare ring, or on a new one
-// (Adopt): so held answers never pile entries onto one thread, whose
-// requests would wait behind each other (seen: lookups held one after
-// another all land on one thread, the newest entry going first).
+// while the queue has made fewer than threads_per_queue (Adopt): so held
+// answers do not pile entries onto one thread, whose requests would wait
+// behind each other (seen: lookups held one after another all land on one
+// thread, the newest entry going first). A made ring is a thread for good
+// (an entry cannot be given back); past that bound an answer goes to the
+// ring with the fewest entries not held.
 //
-// After every hold a nudger of that CPU makes a request of its own (after
-// any registration has been submitted), answered at once, whose commit
-// takes the next request the kernel queued while no entry waited. So every
-// request taken leads to a commit on its queue, its own or a nudge's, and a
+// After every hold a nudger of that CPU makes one request of its own
+// (after any registration has been submitted), answered at once; its
+// commit takes one request the kernel queued while no entry waited, which
+// is answered (a commit again) or held (a nudge again). So every request
+// taken leads to a commit on its queue, its own or a nudge's, and a
 // queue's queued requests are taken while its threads are free (a burst
-// behind held lookups waited for a restore to end without this: CI).
-// Nudges asked for before a nudger makes its request are all served by it;
-// a nudger is blocked while its request is queued, so more start as needed.
+// behind held lookups waited for a restore to end without this: CI). One
+// request per nudge, not one for several: each commit takes one request,
+// and a chain of them may stop at a slow call (seen: lookups behind slow
+// writes waited while threads were free). Each nudge runs on a thread of
+// its own (at most kMaxNudgersPerQueue), which ends after: a nudger whose
+// request the kernel queued is blocked until a commit. A nudge must run on
+// the queue's CPU, so io_uring is used only when the agent may run on every
+// online CPU (its cpuset).
 //
 // Held answers are bounded per queue (MayHold): past kMaxHeldPerQueue a
-// handler answers at once (EAGAIN). That bounds a queue's entries, spare
-// rings and nudgers too.
+// handler answers at once (EAGAIN). That bounds a queue's entries too.
 constexpr std::size_t kIdleEntries = 1;
 constexpr std::size_t kMaxHeldPerQueue = 128;
-constexpr std::size_t kMaxSparesPerQueue = kMaxHeldPerQueue + 1;
+
 // Nudgers blocked at once per queue; past it an asked nudge waits for one of
 // them to come back. Each blocked nudge is a request the kernel queued,
 // which a commit takes, and there is no more than one per held answer.
@@ -103,12 +111,12 @@ enum EntryState : int {
 
 thread_local SessionTransport::Ring* tls_ring = nullptr;
 
-// Possible CPUs as the kernel counts its queues (num_possible_cpus).
-int PossibleCpus() {
-  std::ifstream in("/sys/devices/system/cpu/possible");
+// A CPU list as /sys/devices/system/cpu/ writes it ("0-3,6").
+std::vector<int> CpuList(const char* path) {
+  std::ifstream in(path);
   std::string text;
   std::getline(in, text);
-  int count = 0;
+  std::vector<int> cpus;
   std::size_t at = 0;
   while (at < text.size()) {
     std::size_t comma = text.find(',', at);
@@ -116,11 +124,41 @@ int PossibleCpus() {
     std::size_t dash = part.find('-');
     int lo = std::atoi(part.c_str());
     int hi = dash == std::string::npos ? lo : std::atoi(part.c_str() + dash + 1);
-    if (hi >= lo) count += hi - lo + 1;
+    for (int c = lo; c <= hi && c - lo < 65536; ++c) cpus.push_back(c);
     if (comma == std::string::npos) break;
     at = comma + 1;
   }
-  return count > 0 ? count : static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+  return cpus;
+}
+
+// Possible CPUs as the kernel counts its queues (num_possible_cpus).
+int PossibleCpus() {
+  const std::size_t count = CpuList("/sys/devices/system/cpu/possible").size();
+  return count > 0 ? static_cast<int>(count) : static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+}
+
+// Online CPUs this process's threads may not be moved to (its cpuset), as
+// "0,3"; empty when it may run on each.
+std::string UnreachableCpus() {
+  std::string unreachable;
+  std::thread([&] {
+    for (int c : CpuList("/sys/devices/system/cpu/online")) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(c, &set);
+      if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+        unreachable += (unreachable.empty() ? "" : ",") + std::to_string(c);
+      }
+    }
+  }).join();
+  return unreachable;
+}
+
+bool PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
 }
 
 std::string UringParameter() {
@@ -200,6 +238,7 @@ struct SessionTransport::Ring {
   // them: every ring lives until the transport does.
   std::vector<std::unique_ptr<Entry>> entries;
   std::atomic<std::size_t> live{0};  // entries whose requests come here, not ended
+  std::size_t own = 0;               // of those, not held (queue->mu guards it)
   std::size_t payload_size = 0;
   std::thread thread;
 
@@ -219,11 +258,11 @@ struct SessionTransport::Ring {
 struct SessionTransport::Nudger {
   std::mutex mu;  // guards all below
   std::condition_variable cv;
-  std::uint64_t asked = 0;   // nudges asked for, ever
-  std::uint64_t served = 0;  // `asked` when the latest nudge was begun
-  int idle = 0;              // nudgers waiting on cv
+  std::uint64_t owed = 0;   // nudges asked for and not begun: one request each
+  std::size_t running = 0;  // nudger threads (detached; the destructor waits for none)
+  std::size_t idle = 0;     // of those, waiting on cv
   bool stop = false;
-  std::vector<std::thread> threads;
+  bool warned = false;      // a nudger could not reach its CPU: said once
 };
 
 // One per possible CPU, as the kernel's queues.
@@ -233,7 +272,8 @@ struct SessionTransport::Queue {
   std::mutex mu;                    // guards the five below
   std::size_t nonheld = 0;          // entries not held: waiting, or being handled
   std::size_t entries = 0;          // entries registered and not ended
-  std::vector<Ring*> spares;        // rings with no entry that is not held
+  std::vector<Ring*> rings;         // all, Start's and Adopt's
+  std::vector<Ring*> spares;        // serving rings with no entry that is not held
   std::vector<std::unique_ptr<Ring>> spawned;  // rings made by Adopt
   bool closed = false;              // Stop: no more rings
   Nudger nudger;
@@ -288,7 +328,8 @@ SessionTransport::~SessionTransport() {
   if (waker_.joinable()) waker_.join();
   // After the unmount: it ends the nudges still queued in the kernel.
   for (auto& q : queues_) {
-    for (auto& t : q->nudger.threads) if (t.joinable()) t.join();
+    std::unique_lock lock(q->nudger.mu);
+    q->nudger.cv.wait(lock, [&] { return q->nudger.running == 0; });
   }
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
@@ -342,7 +383,7 @@ ssize_t SessionTransport::Writev(int fd, struct iovec* iov, int count) {
         r->queue->out.fetch_sub(1);
       } else {
         // Answered while its handler still runs: committed when it returns.
-        Deliver(r, &Ring::inbox, e);
+        Deliver(r, &Ring::inbox, e, nullptr);
       }
       return static_cast<ssize_t>(sizeof(out) + total);
     }
@@ -382,7 +423,11 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
     // Rings first: INIT may announce io_uring only when every queue can
     // register, because the kernel then holds every request until they have.
     std::string ring_error;
-    if (!StartUring(&ring_error)) {
+    if (std::string cpus = options_.nudge ? UnreachableCpus() : ""; !cpus.empty()) {
+      why_ = "the agent may not run on CPU " + cpus +
+             " (its cpuset), and each CPU's queue needs a thread on that CPU to take requests "
+             "queued behind lookups waiting for a restore";
+    } else if (!StartUring(&ring_error)) {
       why_ = "io_uring rings could not be made: " + ring_error;
       for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kStop);
       for (auto& r : rings_) if (r->thread.joinable()) r->thread.join();
@@ -415,6 +460,7 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
       for (auto& r : rings_) {
         r->payload_size = payload_size_;
         for (std::size_t i = 0; i < kIdleEntries; ++i) NewEntry(r.get());
+        r->own = kIdleEntries;
         r->queue->nonheld += kIdleEntries;
         r->queue->entries += kIdleEntries;
       }
@@ -474,6 +520,7 @@ bool SessionTransport::StartUring(std::string* error) {
       r->queue = queue;
       Ring* rp = r.get();
       rings_.push_back(std::move(r));
+      queue->rings.push_back(rp);
       rp->thread = std::thread([this, rp, fd] { RingMain(rp, fd); });
     }
   }
@@ -491,12 +538,7 @@ bool SessionTransport::StartUring(std::string* error) {
 }
 
 void SessionTransport::RingMain(Ring* rp, int fd) {
-  if (options_.pin_threads) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(rp->qid, &set);
-    sched_setaffinity(0, sizeof(set), &set);  // best effort: a CPU may be offline
-  }
+  if (options_.pin_threads) PinTo(rp->qid);  // best effort: a CPU may be offline
   const unsigned depth = static_cast<unsigned>(kIdleEntries) + 2;
   io_uring_params params{};
   // Not IORING_SETUP_COOP_TASKRUN: the kernel completes an entry by
@@ -632,7 +674,8 @@ void SessionTransport::RunRing(Ring* r, int fd) {
           std::lock_guard lock(r->queue->mu);
           --r->queue->nonheld;
           --r->queue->entries;
-          add = lost && ReserveEntry(r->queue);
+          --r->own;
+          add = lost && ReserveEntry(r);
         }
         if (lost) spdlog::warn("vfs: io_uring queue {} lost an entry: {}", r->qid, std::strerror(-res));
         if (add) RegisterEntry(r, fd);
@@ -650,16 +693,22 @@ void SessionTransport::RunRing(Ring* r, int fd) {
     std::lock_guard lock(r->mu);
     r->closed = true;
   }
+  {
+    std::lock_guard lock(r->queue->mu);
+    std::erase(r->queue->spares, r);
+  }
   // Answers committed since the last submission still reach the kernel.
   io_uring_submit(&r->ring);
   io_uring_queue_exit(&r->ring);
 }
 
-bool SessionTransport::ReserveEntry(Queue* q) const {
+bool SessionTransport::ReserveEntry(Ring* r) const {
+  Queue* q = r->queue;
   const std::size_t base = static_cast<std::size_t>(options_.threads_per_queue) * kIdleEntries;
   if (q->closed || q->nonheld >= base || q->entries >= base + kMaxHeldPerQueue + 1) return false;
   ++q->nonheld;
   ++q->entries;
+  ++r->own;
   return true;
 }
 
@@ -676,42 +725,65 @@ void SessionTransport::Held(Ring* r, int fd) {
   {
     std::lock_guard lock(q->mu);
     --q->nonheld;
-    add = ReserveEntry(q);
-    if (!add) q->spares.push_back(r);
+    --r->own;
+    add = ReserveEntry(r);
+    if (!add && r->own == 0) q->spares.push_back(r);
   }
   if (add) RegisterEntry(r, fd);
   Nudge(q);
+}
+
+SessionTransport::Ring* SessionTransport::PickLocked(Queue* q) {
+  Ring* to = nullptr;
+  if (!q->spares.empty()) {
+    to = q->spares.back();
+    q->spares.pop_back();
+  } else {
+    for (Ring* r : q->rings) {
+      if (to == nullptr || r->own < to->own) to = r;
+    }
+  }
+  if (to != nullptr) ++to->own;
+  return to;
 }
 
 void SessionTransport::Adopt(Entry* e, int fd) {
   Ring* from = e->ring;
   Queue* q = from->queue;
   Ring* to = nullptr;
+  bool spawn = false;
   {
     std::lock_guard lock(q->mu);
     ++q->nonheld;
-    if (!q->spares.empty()) {
-      to = q->spares.back();
-      q->spares.pop_back();
+    // A spare first; else a new ring while the queue has made fewer than
+    // it has threads (each is a thread for good: its entry cannot be given
+    // back); else the ring with the fewest entries not held, where a
+    // request may wait for that ring's slow call.
+    spawn = q->spares.empty() && !q->closed &&
+            q->spawned.size() < static_cast<std::size_t>(options_.threads_per_queue);
+    if (!spawn) to = PickLocked(q);
+  }
+  if (spawn) {
+    to = Spawn(q, fd);
+    if (to == nullptr) {
+      std::lock_guard lock(q->mu);
+      to = PickLocked(q);
     }
   }
-  if (to == nullptr) to = Spawn(q, fd);
-  if (to == nullptr || to == from) {
-    // Back to its own ring (the spare, or no ring could be made): there its
-    // requests may wait for that ring's next slow call.
-    Deliver(from, &Ring::inbox, e);
-    return;
+  if (to != nullptr && to != from) {
+    if (Deliver(to, &Ring::adopted, e, from)) return;
+    spdlog::warn("vfs: io_uring queue {}: a ring had stopped; an answer goes back to its own", q->qid);
   }
-  --from->live;
-  e->ring = to;
-  Deliver(to, &Ring::adopted, e);
+  if (!Deliver(from, &Ring::inbox, e, nullptr) && !stopping_.load()) {
+    spdlog::error("vfs: io_uring queue {}: an answer was dropped, its ring had stopped", q->qid);
+  }
 }
 
 SessionTransport::Ring* SessionTransport::Spawn(Queue* q, int fd) {
   Ring* rp = nullptr;
   {
     std::lock_guard lock(q->mu);
-    if (q->closed || q->spawned.size() >= kMaxSparesPerQueue) return nullptr;
+    if (q->closed) return nullptr;
     auto r = std::make_unique<Ring>();
     r->qid = q->qid;
     r->queue = q;
@@ -725,6 +797,7 @@ SessionTransport::Ring* SessionTransport::Spawn(Queue* q, int fd) {
       return nullptr;
     }
     q->spawned.push_back(std::move(r));
+    q->rings.push_back(rp);
   }
   std::unique_lock lock(rp->mu);
   rp->cv.wait(lock, [&] { return rp->phase != Ring::Phase::kCreating; });
@@ -737,16 +810,21 @@ SessionTransport::Ring* SessionTransport::Spawn(Queue* q, int fd) {
   return rp;
 }
 
-void SessionTransport::Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e) {
+bool SessionTransport::Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e, Ring* from) {
   bool wake = false;
   {
     std::lock_guard lock(r->mu);
-    if (!r->closed) {
-      wake = r->inbox.empty() && r->adopted.empty();
-      (r->*box).push_back(e);
+    if (r->closed) return false;
+    if (from != nullptr) {
+      // Moved before the ring can see it: its next request comes there.
+      --from->live;
+      e->ring = r;
     }
+    wake = r->inbox.empty() && r->adopted.empty();
+    (r->*box).push_back(e);
   }
   if (wake) eventfd_write(r->wake_fd, 1);
+  return true;
 }
 
 void SessionTransport::Process(Entry* e, int fd) {
@@ -782,42 +860,45 @@ void SessionTransport::Process(Entry* e, int fd) {
 void SessionTransport::Nudge(Queue* q) {
   if (!options_.nudge) return;
   Nudger* n = &q->nudger;
-  std::lock_guard lock(n->mu);
-  if (n->stop) return;
-  ++n->asked;
-  if (n->idle > 0) {
-    n->cv.notify_one();
-  } else if (n->threads.size() < kMaxNudgersPerQueue) {
-    try {
-      n->threads.emplace_back([this, q] { RunNudger(q); });
-    } catch (const std::system_error& e) {
-      // The nudge waits for a nudger to come back (or, with none, for a
-      // held answer to go): serving goes on.
-      spdlog::warn("vfs: io_uring queue {} could not start a nudger: {}", q->qid, e.what());
-    }
+  {
+    std::lock_guard lock(n->mu);
+    if (n->stop) return;
+    // One request per nudge: each commit takes one queued request. Each on
+    // a thread of its own while few run: a nudger whose request the kernel
+    // queued is blocked until a commit, which a later nudge may have to make.
+    ++n->owed;
+    if (n->running >= kMaxNudgersPerQueue) return;  // a running one takes it
+    ++n->running;
+  }
+  try {
+    std::thread([this, q] { RunNudger(q); }).detach();
+  } catch (const std::system_error& e) {
+    std::lock_guard lock(n->mu);
+    --n->running;
+    n->cv.notify_all();
+    spdlog::warn("vfs: io_uring queue {} could not start a nudger: {}", q->qid, e.what());
   }
 }
 
 void SessionTransport::RunNudger(Queue* q) {
   Nudger* n = &q->nudger;
   // The kernel queues a request on the queue of the CPU it was made on.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(q->qid, &set);
-  sched_setaffinity(0, sizeof(set), &set);
+  const bool pinned = PinTo(q->qid);
   std::unique_lock lock(n->mu);
-  for (;;) {
-    while (!n->stop && n->served == n->asked) {
-      ++n->idle;
-      n->cv.wait(lock);
-      --n->idle;
-    }
-    if (n->stop) return;
-    n->served = n->asked;
+  if (!pinned && !n->warned) {
+    n->warned = true;
+    spdlog::warn("vfs: io_uring queue {}: a nudger may not run on CPU {} (offline, or a cpuset "
+                 "changed since the mount): requests queued there behind held lookups wait for "
+                 "a restore to end", q->qid, q->qid);
+  }
+  while (n->owed > 0 && !n->stop) {
+    --n->owed;
     lock.unlock();
     options_.nudge();
     lock.lock();
   }
+  --n->running;
+  n->cv.notify_all();
 }
 
 void SessionTransport::StartDevLoop() {

@@ -35,10 +35,12 @@
 // behind a restore) keeps its entry, and the kernel hands out a queued
 // request only with a commit. So a ring that holds registers another entry
 // (while its queue has fewer than threads_per_queue not held) or becomes a
-// spare; the held answer is committed on a spare ring (made when none is
-// free), so no ring has more than one entry that is not held; and a nudger
-// of that CPU makes one request answered at once (options.nudge), whose
-// commit takes the next queued request. The .cc says why each is needed.
+// spare; the held answer is committed on a spare ring (at most
+// threads_per_queue are made per queue), so that a thread seldom has two
+// entries waiting; and a nudger thread of that CPU makes one request answered
+// at once (options.nudge), whose commit takes the next queued request. The
+// agent must be able to run on every online CPU for that (else /dev/fuse).
+// The .cc says why each is needed.
 //
 // Thread-safety: Start and Stop from one thread; name(), why() and queues()
 // after Start from any thread; the I/O hooks from libfuse's threads.
@@ -153,11 +155,14 @@ class SessionTransport {
   void RunRing(Ring* r, int fd);
   void Process(Entry* e, int fd);
   void Held(Ring* r, int fd);
-  bool ReserveEntry(Queue* q) const;  // q->mu held
+  bool ReserveEntry(Ring* r) const;  // r->queue->mu held
+  static Ring* PickLocked(Queue* q);  // q->mu held
   void RegisterEntry(Ring* r, int fd);
   void Adopt(Entry* e, int fd);
   Ring* Spawn(Queue* q, int fd);
-  static void Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e);
+  // Queues `e` on r's `box`, moving it from `from` when not null; false
+  // when r has stopped.
+  static bool Deliver(Ring* r, std::vector<Entry*> Ring::*box, Entry* e, Ring* from);
   static Entry* NewEntry(Ring* r);
   void SessionEnded();
   void Nudge(Queue* q);

@@ -429,8 +429,7 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
              "queued behind lookups waiting for a restore";
     } else if (!StartUring(&ring_error)) {
       why_ = "io_uring rings could not be made: " + ring_error;
-      for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kStop);
-      for (auto& r : rings_) if (r->thread.joinable()) r->thread.join();
+      JoinStartRings();
       rings_.clear();
     }
     init_.AskForUring(!rings_.empty());
@@ -443,6 +442,8 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
   } while (res == -EINTR);
   if (res <= 0) {
     std::free(buf.mem);
+    JoinStartRings();  // they wait for a go that will not come
+    rings_.clear();
     *error = std::string("reading INIT from the kernel failed: ") + std::strerror(res == 0 ? ENODEV : -res);
     return false;
   }
@@ -486,13 +487,7 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
         why_ = "the kernel refused to register an io_uring queue: " + failed;
       }
     }
-    if (!uring_.load()) {
-      for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kStop);
-      for (auto& r : rings_) {
-        if (r->ring_ok) eventfd_write(r->wake_fd, 1);
-        if (r->thread.joinable()) r->thread.join();
-      }
-    }
+    if (!uring_.load()) JoinStartRings();
   }
   if (options_.transport == Transport::kIoUring && !uring_.load()) {
     *error = "transport io_uring: " + why_;
@@ -505,6 +500,14 @@ bool SessionTransport::Start(fuse_session* se, OfUserdata of_userdata, std::stri
     StartDevLoop();
   }
   return true;
+}
+
+void SessionTransport::JoinStartRings() {
+  for (auto& r : rings_) SetPhase(r.get(), Ring::Phase::kStop);
+  for (auto& r : rings_) {
+    if (r->ring_ok) eventfd_write(r->wake_fd, 1);
+    if (r->thread.joinable()) r->thread.join();
+  }
 }
 
 bool SessionTransport::StartUring(std::string* error) {

@@ -148,6 +148,7 @@ class SessionTransport {
 
  private:
   bool StartUring(std::string* error);
+  void JoinStartRings();  // Start's rings, when io_uring will not serve
   void StartDevLoop();
   void StartDevReaders();
   void DevReader(int stop_fd);

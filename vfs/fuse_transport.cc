@@ -776,6 +776,14 @@ void SessionTransport::Adopt(Entry* e, int fd) {
   if (to != nullptr && to != from) {
     if (Deliver(to, &Ring::adopted, e, from)) return;
     spdlog::warn("vfs: io_uring queue {}: a ring had stopped; an answer goes back to its own", q->qid);
+    std::lock_guard lock(q->mu);
+    --to->own;
+    ++from->own;
+    std::erase(q->spares, from);
+  } else if (to == nullptr) {
+    std::lock_guard lock(q->mu);
+    ++from->own;
+    std::erase(q->spares, from);
   }
   if (!Deliver(from, &Ring::inbox, e, nullptr) && !stopping_.load()) {
     spdlog::error("vfs: io_uring queue {}: an answer was dropped, its ring had stopped", q->qid);

@@ -239,6 +239,8 @@ struct SessionTransport::Ring {
   std::vector<std::unique_ptr<Entry>> entries;
   std::atomic<std::size_t> live{0};  // entries whose requests come here, not ended
   std::size_t own = 0;               // of those, not held (queue->mu guards it)
+  std::atomic<bool> busy{false};     // its thread is in a handler
+  std::atomic<bool> stopped{false};  // its thread has ended: it takes no answer
   std::size_t payload_size = 0;
   std::thread thread;
 
@@ -275,6 +277,7 @@ struct SessionTransport::Queue {
   std::vector<Ring*> rings;         // all, Start's and Adopt's
   std::vector<Ring*> spares;        // serving rings with no entry that is not held
   std::vector<std::unique_ptr<Ring>> spawned;  // rings made by Adopt
+  std::size_t making = 0;           // of threads_per_queue, made or being made
   bool closed = false;              // Stop: no more rings
   Nudger nudger;
 };
@@ -560,6 +563,7 @@ void SessionTransport::RingMain(Ring* rp, int fd) {
     if (rc == 0) io_uring_queue_exit(&rp->ring);
     std::lock_guard lock(rp->mu);
     rp->closed = true;
+    rp->stopped = true;
     if (rp->phase != Ring::Phase::kStop) rp->phase = Ring::Phase::kFailed;
     rp->error = std::string("io_uring_queue_init: ") + std::strerror(rc != 0 ? -rc : errno);
     rp->cv.notify_all();
@@ -579,6 +583,7 @@ void SessionTransport::RingMain(Ring* rp, int fd) {
     }
     if (rp->phase == Ring::Phase::kStop) {
       rp->closed = true;
+      rp->stopped = true;
       lock.unlock();
       io_uring_queue_exit(&rp->ring);
       return;
@@ -608,6 +613,7 @@ void SessionTransport::RingMain(Ring* rp, int fd) {
       {
         std::lock_guard lock(rp->mu);
         rp->closed = true;
+        rp->stopped = true;
       }
       io_uring_queue_exit(&rp->ring);
       return;
@@ -687,7 +693,9 @@ void SessionTransport::RunRing(Ring* r, int fd) {
       }
       e->state.store(kInProcess);
       r->queue->out.fetch_add(1);
+      r->busy.store(true, std::memory_order_relaxed);
       Process(e, fd);
+      r->busy.store(false, std::memory_order_relaxed);
       int handled = kInProcess;
       if (e->state.compare_exchange_strong(handled, kHeld)) Held(r, fd);
     }
@@ -698,6 +706,7 @@ void SessionTransport::RunRing(Ring* r, int fd) {
   }
   {
     std::lock_guard lock(r->queue->mu);
+    r->stopped = true;
     std::erase(r->queue->spares, r);
   }
   // Answers committed since the last submission still reach the kernel.
@@ -738,12 +747,17 @@ void SessionTransport::Held(Ring* r, int fd) {
 
 SessionTransport::Ring* SessionTransport::PickLocked(Queue* q) {
   Ring* to = nullptr;
-  if (!q->spares.empty()) {
+  while (to == nullptr && !q->spares.empty()) {
     to = q->spares.back();
     q->spares.pop_back();
-  } else {
+    if (to->stopped.load()) to = nullptr;
+  }
+  if (to == nullptr) {
+    // A thread in a handler would commit the answer only after it, and
+    // its other entry's request would wait for it too: a free one first.
+    auto load = [](const Ring* r) { return std::pair(r->busy.load(std::memory_order_relaxed), r->own); };
     for (Ring* r : q->rings) {
-      if (to == nullptr || r->own < to->own) to = r;
+      if (!r->stopped.load() && (to == nullptr || load(r) < load(to))) to = r;
     }
   }
   if (to != nullptr) ++to->own;
@@ -763,13 +777,18 @@ void SessionTransport::Adopt(Entry* e, int fd) {
     // back); else the ring with the fewest entries not held, where a
     // request may wait for that ring's slow call.
     spawn = q->spares.empty() && !q->closed &&
-            q->spawned.size() < static_cast<std::size_t>(options_.threads_per_queue);
-    if (!spawn) to = PickLocked(q);
+            q->making < static_cast<std::size_t>(options_.threads_per_queue);
+    if (spawn) {
+      ++q->making;
+    } else {
+      to = PickLocked(q);
+    }
   }
   if (spawn) {
     to = Spawn(q, fd);
     if (to == nullptr) {
       std::lock_guard lock(q->mu);
+      --q->making;
       to = PickLocked(q);
     }
   }
@@ -807,6 +826,7 @@ SessionTransport::Ring* SessionTransport::Spawn(Queue* q, int fd) {
       spdlog::warn("vfs: io_uring queue {} could not start a ring thread: {}", q->qid, err.what());
       return nullptr;
     }
+    rp->own = 1;  // the entry it is made for: no other answer is sent there first
     q->spawned.push_back(std::move(r));
     q->rings.push_back(rp);
   }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -82,52 +83,83 @@ TEST_F(TransportFallbackTest, io_uring_asked_for_refuses_to_mount_and_says_why) 
   EXPECT_EQ(all.find((root_ / "mnt").string()), std::string::npos);
 }
 
-// Moves this process into a cpuset of every online CPU but CPU 0 (a new
-// cgroup: v1's cpuset hierarchy, or v2's), and back out when destroyed.
+// Moves this process into a new cgroup whose cpuset is every online CPU
+// but CPU 0 (v1's cpuset hierarchy, or v2's), and back to its own cgroup
+// when destroyed, leaving the hierarchy as it was.
 class WithoutCpu0 {
  public:
   WithoutCpu0() {
-    const std::string pid = std::to_string(::getpid());
     std::string online;
     std::getline(std::ifstream("/sys/devices/system/cpu/online"), online);
-    const int last = std::stoi(online.substr(online.rfind('-') == std::string::npos ? 0 : online.rfind('-') + 1));
-    if (online.rfind("0-", 0) != 0 || last < 1) {
-      error_ = "needs CPUs 0-N online, N >= 1; online: " + online;
+    std::string cpus;  // the online list without CPU 0
+    for (std::size_t at = 0; at < online.size();) {
+      const std::size_t comma = std::min(online.find(',', at), online.size());
+      const std::string part = online.substr(at, comma - at);
+      const std::size_t dash = part.find('-');
+      int lo = std::stoi(part);
+      const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+      if (lo == 0) lo = 1;
+      if (lo <= hi) cpus += (cpus.empty() ? "" : ",") + std::to_string(lo) + (lo < hi ? "-" + std::to_string(hi) : "");
+      at = comma + 1;
+    }
+    if (online.rfind('0', 0) != 0 || cpus.empty()) {
+      error_ = "needs CPU 0 and another online; online: " + online;
       return;
     }
-    const std::string cpus = last == 1 ? "1" : "1-" + std::to_string(last);
-    if (std::filesystem::exists("/sys/fs/cgroup/cpuset/cgroup.procs")) {
-      parent_ = "/sys/fs/cgroup/cpuset";
-      dir_ = parent_ + "/fleetfs-test-" + pid;
-      std::filesystem::create_directory(dir_);
-      std::string mems;
-      std::getline(std::ifstream(parent_ + "/cpuset.mems"), mems);
-      std::ofstream(dir_ + "/cpuset.mems") << mems;
-    } else if (std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")) {
-      parent_ = "/sys/fs/cgroup";
-      std::ofstream(parent_ + "/cgroup.subtree_control") << "+cpuset";
-      dir_ = parent_ + "/fleetfs-test-" + pid;
-      std::filesystem::create_directory(dir_);
+    // Where this process is now: "N:cpuset:/path" (v1) or "0::/path" (v2).
+    std::ifstream self("/proc/self/cgroup");
+    std::string v1, v2;
+    for (std::string line; std::getline(self, line);) {
+      if (line.find(":cpuset:") != std::string::npos) v1 = line.substr(line.find(":cpuset:") + 8);
+      if (line.rfind("0::", 0) == 0) v2 = line.substr(3);
+    }
+    const std::string name = "/fleetfs-test-" + std::to_string(::getpid());
+    if (!v1.empty() && std::filesystem::exists("/sys/fs/cgroup/cpuset/cgroup.procs")) {
+      home_ = "/sys/fs/cgroup/cpuset" + v1;
+      dir_ = "/sys/fs/cgroup/cpuset" + name;
+    } else if (!v2.empty() && std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")) {
+      home_ = "/sys/fs/cgroup" + v2;
+      dir_ = "/sys/fs/cgroup" + name;
+      std::string enabled;
+      std::getline(std::ifstream("/sys/fs/cgroup/cgroup.subtree_control"), enabled);
+      if (enabled.find("cpuset") == std::string::npos) {
+        std::ofstream("/sys/fs/cgroup/cgroup.subtree_control") << "+cpuset";
+        enabled_cpuset_ = true;
+      }
     } else {
       error_ = "no cgroup cpuset controller (v1 or v2) here";
       return;
     }
+    std::error_code ec;
+    std::filesystem::create_directory(dir_, ec);
+    if (ec) {
+      error_ = "cannot make " + dir_ + ": " + ec.message();
+      dir_.clear();
+      return;
+    }
+    if (std::filesystem::exists(dir_ + "/cpuset.mems")) {
+      std::string mems;
+      std::getline(std::ifstream("/sys/fs/cgroup/cpuset/cpuset.mems"), mems);
+      std::ofstream(dir_ + "/cpuset.mems") << mems;
+    }
     std::ofstream(dir_ + "/cpuset.cpus") << cpus;
-    std::ofstream(dir_ + "/cgroup.procs") << pid << std::endl;
+    std::ofstream(dir_ + "/cgroup.procs") << ::getpid() << std::endl;
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(0, &set);
-    if (::sched_setaffinity(0, sizeof(set), &set) == 0) error_ = "the cpuset did not take CPU 0 away";
+    if (::sched_setaffinity(0, sizeof(set), &set) == 0) error_ = "the cpuset " + dir_ + " did not take CPU 0 away";
   }
   ~WithoutCpu0() {
     if (dir_.empty()) return;
-    std::ofstream(parent_ + "/cgroup.procs") << ::getpid() << std::endl;
+    std::ofstream(home_ + "/cgroup.procs") << ::getpid() << std::endl;
     ::rmdir(dir_.c_str());
+    if (enabled_cpuset_) std::ofstream("/sys/fs/cgroup/cgroup.subtree_control") << "-cpuset";
   }
   const std::string& error() const { return error_; }
 
  private:
-  std::string parent_, dir_, error_;
+  std::string home_, dir_, error_;
+  bool enabled_cpuset_ = false;
 };
 
 // Each CPU's queue takes requests queued behind held lookups only with a

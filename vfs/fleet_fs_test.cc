@@ -913,10 +913,11 @@ TEST_F(FleetFsHooksTest, held_lookups_leave_at_most_16_more_threads_a_cpu_behind
 // review: 2 of 32, then 2 of 90 waited for the write, a made ring's entry
 // being uncounted and busy rings being picked).
 TEST_F(FleetFsHooksTest, held_answers_do_not_wait_for_a_slow_write_on_their_cpu) {
-  auto hold_and_release = [&](const std::string& prefix, int n, std::atomic<int>* done) {
+  auto hold_and_release = [&](std::string prefix, int n, std::atomic<int>* done) {
     std::vector<std::thread> lookups;
     for (int i = 0; i < n; ++i) {
-      lookups.emplace_back([&, i] {
+      // By value: the threads outlive this call.
+      lookups.emplace_back([this, prefix, done, i] {
         PinTo(0);
         if (i >= 30) ::setfsuid(static_cast<uid_t>(20000 + i / 30));  // each user's bound is 32
         struct stat st;

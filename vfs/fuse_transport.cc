@@ -259,10 +259,9 @@ struct SessionTransport::Ring {
 
 struct SessionTransport::Nudger {
   std::mutex mu;  // guards all below
-  std::condition_variable cv;
+  std::condition_variable cv;  // the destructor waits on it for running == 0
   std::uint64_t owed = 0;   // nudges asked for and not begun: one request each
   std::size_t running = 0;  // nudger threads (detached; the destructor waits for none)
-  std::size_t idle = 0;     // of those, waiting on cv
   bool stop = false;
   bool warned = false;      // a nudger could not reach its CPU: said once
 };

@@ -55,19 +55,24 @@ class TransportFallbackTest : public ::testing::Test {
     return FleetFs::Mount(options, std::make_shared<const ServingView>(*view));
   }
 
+  // Mounts with `auto`, expects /dev/fuse with `why` in the reason, and a
+  // served mount; unmounts.
+  void AutoServesOnDevFuseSaying(const std::string& why) {
+    auto fs = MountWith(Transport::kAuto);
+    ASSERT_TRUE(fs.ok()) << fs.status().message();
+    EXPECT_EQ((*fs)->TransportName(), "/dev/fuse");
+    EXPECT_NE((*fs)->TransportWhy().find(why), std::string::npos) << (*fs)->TransportWhy();
+    struct stat st;
+    EXPECT_EQ(::stat((root_ / "mnt").c_str(), &st), 0) << "the fallback serves";
+    (*fs)->Unmount();
+  }
+
   StillClock clock_;
   std::filesystem::path root_;
 };
 
 TEST_F(TransportFallbackTest, auto_serves_on_dev_fuse_and_says_the_kernel_did_not_offer_io_uring) {
-  auto fs = MountWith(Transport::kAuto);
-  ASSERT_TRUE(fs.ok()) << fs.status().message();
-  EXPECT_EQ((*fs)->TransportName(), "/dev/fuse");
-  EXPECT_NE((*fs)->TransportWhy().find("enable_uring: N"), std::string::npos)
-      << (*fs)->TransportWhy();
-  struct stat st;
-  EXPECT_EQ(::stat((root_ / "mnt").c_str(), &st), 0) << "the fallback serves";
-  (*fs)->Unmount();
+  AutoServesOnDevFuseSaying("enable_uring: N");
 }
 
 TEST_F(TransportFallbackTest, io_uring_asked_for_refuses_to_mount_and_says_why) {
@@ -171,14 +176,7 @@ TEST_F(TransportFallbackTest, an_agent_that_may_not_run_on_every_cpu_does_not_se
   std::ofstream(kParameter) << "Y";
   WithoutCpu0 confined;
   ASSERT_EQ(confined.error(), "");
-  auto fs = MountWith(Transport::kAuto);
-  ASSERT_TRUE(fs.ok()) << fs.status().message();
-  EXPECT_EQ((*fs)->TransportName(), "/dev/fuse");
-  EXPECT_NE((*fs)->TransportWhy().find("may not run on CPU 0"), std::string::npos)
-      << (*fs)->TransportWhy();
-  struct stat st;
-  EXPECT_EQ(::stat((root_ / "mnt").c_str(), &st), 0) << "the fallback serves";
-  (*fs)->Unmount();
+  AutoServesOnDevFuseSaying("may not run on CPU 0");
   auto strict = MountWith(Transport::kIoUring);
   ASSERT_FALSE(strict.ok());
   EXPECT_NE(strict.status().message().find("may not run on CPU 0"), std::string::npos)
